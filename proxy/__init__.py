@@ -1,0 +1,1 @@
+"""OpenAI-compatible PD routing proxy."""
