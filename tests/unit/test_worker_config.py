@@ -1,0 +1,146 @@
+"""WorkerConfig: the launcher's validation and the exact command it builds. No vLLM, no engine."""
+
+import json
+import socket
+
+import pytest
+
+from hybrid_pd.prefill.cli import worker_main
+from hybrid_pd.prefill.errors import ConfigError
+from hybrid_pd.prefill.worker_config import WorkerConfig, model_kind
+
+
+def write_config(tmp_path, name, **cfg):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+@pytest.fixture
+def hybrid_model(tmp_path):
+    return write_config(tmp_path, "hybrid", architectures=["Qwen3NextForCausalLM"],
+                        layer_types=["linear_attention", "full_attention"])
+
+
+@pytest.fixture
+def dense_model(tmp_path):
+    return write_config(tmp_path, "dense", architectures=["LlamaForCausalLM"])
+
+
+def make(model, **kw):
+    kw.setdefault("check_ports_free", False)
+    return WorkerConfig(model=model, **{"role": "prefill", **kw})
+
+
+def problems_of(model, **kw):
+    with pytest.raises(ConfigError) as e:
+        make(model, **kw)
+    return "\n".join(e.value.problems)
+
+
+def test_prefill_command_carries_every_validated_setting(hybrid_model):
+    cfg = make(hybrid_model, connector="hybrid", port=8100, side_channel_port=5600, kv_events_port=5700,
+               cpu_bind="0", kv_cache_gib=2)
+    argv = cfg.argv()
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    flags = dict(zip(argv[3::1], argv[4::1]))
+    assert flags["--model"] == hybrid_model and flags["--port"] == "8100"
+    assert flags["--mamba-cache-mode"] == "align" and "--enable-prefix-caching" in argv
+    assert json.loads(flags["--kv-transfer-config"]) == {
+        "kv_connector": "HybridPDConnector", "kv_connector_module_path": "hybrid_pd.connector",
+        "kv_role": "kv_producer", "kv_load_failure_policy": "recompute", "kv_buffer_device": "cpu"}
+    assert json.loads(flags["--kv-events-config"]) == {
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5700",
+        "topic": "kv-events"}
+    env = cfg.env({})
+    assert env == {"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "VLLM_HOST_IP": "127.0.0.1",
+                   "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
+                   "NIXL_PTHR_DELAY_US": "1000", "UCX_RCACHE_MAX_UNRELEASED": "1024",
+                   "UCX_NET_DEVICES": "lo", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0"}
+    assert cfg.warnings == ()
+
+
+def test_decode_role_is_a_consumer_and_upstream_is_vllms_nixl(hybrid_model):
+    cfg = make(hybrid_model, role="decode", connector="upstream")
+    ktc = cfg.kv_transfer_config()
+    assert ktc["kv_connector"] == "NixlConnector" and ktc["kv_role"] == "kv_consumer"
+    assert "kv_connector_module_path" not in ktc
+
+
+def test_no_connector_means_a_plain_engine(hybrid_model):
+    cfg = make(hybrid_model, connector="none", conv_state_layout="SD")
+    assert cfg.kv_transfer_config() is None and "--kv-transfer-config" not in cfg.argv()
+
+
+def test_hybrid_model_without_prefix_caching_is_refused(hybrid_model):
+    assert "remove --no-prefix-caching" in problems_of(hybrid_model, prefix_caching=False)
+
+
+def test_non_align_mamba_mode_is_refused(hybrid_model):
+    assert "use --mamba-cache-mode align" in problems_of(hybrid_model, mamba_cache_mode="all")
+
+
+def test_sd_layout_with_nixl_is_refused(hybrid_model):
+    for connector in ("hybrid", "upstream"):
+        assert "use --conv-state-layout DS" in problems_of(hybrid_model, connector=connector,
+                                                           conv_state_layout="SD")
+
+
+def test_colliding_ports_are_refused_and_named(hybrid_model):
+    msg = problems_of(hybrid_model, port=5700, kv_events_port=5700)
+    assert "--kv-events-port 5700 collides with --port" in msg
+
+
+def test_side_channel_range_spans_tensor_parallel_ranks(hybrid_model):
+    msg = problems_of(hybrid_model, side_channel_port=5600, tensor_parallel_size=2, kv_events_port=5601)
+    assert "--side-channel-port 5601 collides with --kv-events-port" in msg
+    make(hybrid_model, side_channel_port=5600, tensor_parallel_size=2, kv_events_port=5602)
+
+
+def test_port_already_bound_is_refused(hybrid_model):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        msg = problems_of(hybrid_model, port=busy, check_ports_free=True)
+    assert f"--port {busy} is already in use" in msg
+
+
+def test_owned_vllm_flags_after_dashdash_are_refused(hybrid_model):
+    msg = problems_of(hybrid_model, extra_vllm_args=("--no-enable-prefix-caching", "--dtype", "float32"))
+    assert "use the launcher's --no-prefix-caching" in msg
+    assert make(hybrid_model, extra_vllm_args=("--dtype", "float32")).argv()[-2:] == ["--dtype", "float32"]
+
+
+def test_dense_model_warns_but_starts(dense_model):
+    cfg = make(dense_model)
+    assert any("not a hybrid" in w for w in cfg.warnings)
+    make(dense_model, prefix_caching=False)  # allowed: the hybrid rule does not apply
+
+
+def test_every_problem_is_reported_at_once(hybrid_model):
+    with pytest.raises(ConfigError) as e:
+        make(hybrid_model, prefix_caching=False, conv_state_layout="SD", port=1, kv_events_port=1)
+    assert len(e.value.problems) == 3
+
+
+@pytest.mark.parametrize("cfg,kind", [
+    ({"architectures": ["NemotronHForCausalLM"]}, "hybrid"),
+    ({"architectures": ["X"], "hybrid_override_pattern": "M-M*"}, "hybrid"),
+    ({"architectures": ["X"], "layers_block_type": ["mamba", "attention"]}, "hybrid"),
+    ({"architectures": ["X"], "text_config": {"layer_types": ["linear_attention"]}}, "hybrid"),
+    ({"architectures": ["LlamaForCausalLM"], "layer_types": ["full_attention"]}, "attention"),
+])
+def test_model_kind(tmp_path, cfg, kind):
+    assert model_kind(write_config(tmp_path, "m", **cfg)) == kind
+
+
+def test_model_kind_of_an_unreadable_model_is_unknown(tmp_path):
+    assert model_kind(str(tmp_path / "missing")) == "unknown"
+
+
+def test_cli_refuses_with_exit_2_and_names_the_flag(hybrid_model, capsys):
+    code = worker_main("decode", ["--model", hybrid_model, "--no-prefix-caching"])
+    assert code == 2
+    assert "remove --no-prefix-caching" in capsys.readouterr().err
