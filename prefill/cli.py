@@ -11,7 +11,7 @@ import importlib.metadata
 import sys
 
 from hybrid_pd.prefill.errors import ConfigError, WorkerError
-from hybrid_pd.prefill.supervisor import Worker, run_until_signalled
+from hybrid_pd.prefill.supervisor import ChildProcess, run_until_signalled
 from hybrid_pd.prefill.worker_config import WorkerConfig
 
 ROLE_DEFAULTS = {
@@ -100,7 +100,11 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
         config = config_from_args(args, role)
         for w in config.warnings:
             print(f"[hybrid-pd] warning: {w}", file=sys.stderr)
-        return run_until_signalled(Worker(config, log=sys.stdout), args.startup_timeout)
+        child = ChildProcess(f"{role} worker", config.argv(), config.url, env=config.env(), log=sys.stdout)
+        print(f"[hybrid-pd] starting {role} worker: connector {config.connector}, kv events "
+              f"{config.kv_events_endpoint}, NIXL side channel {config.host}:{config.side_channel_port}",
+              flush=True)
+        return run_until_signalled(child, args.startup_timeout)
     except WorkerError as e:
         print(f"[hybrid-pd] {role}: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1

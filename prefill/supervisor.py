@@ -1,8 +1,8 @@
-"""Run a vLLM server as a child process: start it, wait for health, forward signals, report its death.
+"""Run a server as a child process: start it, wait for its /health, forward signals, report its death.
 
 The child gets its own process group, so stopping it stops vLLM's engine-core processes too. Its output is
-copied line by line to our stdout (or a log file) and the last lines are kept for the error message when it
-dies. Used by the launchers and by the tests, which stop every worker they start by its PID.
+copied line by line to a stream (our stdout, or a log file), and the last lines are kept for the error
+message when it dies. The launchers run vLLM under it; the demo and the tests run the launchers under it.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import urllib.request
 from typing import IO
 
 from hybrid_pd.prefill.errors import WorkerStartError
-from hybrid_pd.prefill.worker_config import WorkerConfig
 
 
-class Worker:
-    """One vLLM server process and its log tail."""
+class ChildProcess:
+    """One server process, its process group, and its log tail."""
 
-    def __init__(self, config: WorkerConfig, log: IO[str] | None = None, keep_lines: int = 60):
-        self.config = config
+    def __init__(self, name: str, argv: list[str], url: str, env: dict[str, str] | None = None,
+                 log: IO[str] | None = None, keep_lines: int = 60):
+        self.name, self.argv, self.url, self.env = name, argv, url, env
         self._log = log
         self.tail: collections.deque[str] = collections.deque(maxlen=keep_lines)
         self.proc: subprocess.Popen | None = None
@@ -35,13 +35,13 @@ class Worker:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def start(self) -> "Worker":
+    def start(self) -> "ChildProcess":
         self.proc = subprocess.Popen(
-            self.config.argv(), env=self.config.env(), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
             start_new_session=True,  # own process group: one killpg stops the engine core as well
         )
-        self._pump = threading.Thread(target=self._copy_output, name=f"log-{self.config.role}", daemon=True)
+        self._pump = threading.Thread(target=self._copy_output, name=f"log-{self.name}", daemon=True)
         self._pump.start()
         return self
 
@@ -63,32 +63,32 @@ class Worker:
         while time.monotonic() - start < timeout:
             if self.proc.poll() is not None:
                 self._drain()
-                raise WorkerStartError(f"{self.config.role} worker exited with code {self.proc.returncode} "
-                                       "before it became healthy", list(self.tail))
-            if health_ok(self.config.url):
+                raise WorkerStartError(f"{self.name} exited with code {self.proc.returncode} before it "
+                                       "became healthy", list(self.tail))
+            if health_ok(self.url):
                 return time.monotonic() - start
             time.sleep(poll)
-        raise WorkerStartError(f"{self.config.role} worker not healthy after {timeout:.0f}s", list(self.tail))
+        raise WorkerStartError(f"{self.name} not healthy after {timeout:.0f}s", list(self.tail))
 
-    def signal(self, sig: int) -> None:
+    def signal(self, sig: int, group: bool = True) -> None:
         if self.proc and self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, sig)
+                os.killpg(self.proc.pid, sig) if group else self.proc.send_signal(sig)
             except ProcessLookupError:
                 pass
 
-    def stop(self, grace: float = 20.0) -> int | None:
-        """SIGTERM the process group, SIGKILL it after `grace` seconds; return the exit code."""
+    def stop(self, grace: float = 30.0, group: bool = True) -> int | None:
+        """SIGTERM (the group, or only the child when it forwards signals itself), SIGKILL the group after
+        `grace` seconds; return the exit code."""
         if not self.proc:
             return None
-        self.signal(signal.SIGTERM)
+        self.signal(signal.SIGTERM, group)
         try:
             self.proc.wait(grace)
         except subprocess.TimeoutExpired:
             self.signal(signal.SIGKILL)
             self.proc.wait(10)
-        # vLLM's engine core may outlive the API server for a moment: make sure the group is gone.
-        try:
+        try:  # whatever of the group outlived its leader (an engine core, say) goes too
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
@@ -108,28 +108,26 @@ def health_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def run_until_signalled(worker: Worker, startup_timeout: float) -> int:
+def run_until_signalled(child: ChildProcess, startup_timeout: float) -> int:
     """The launcher's main loop: start, wait for health, forward SIGTERM/SIGINT, return the exit code."""
     stop = threading.Event()
 
     def forward(signum, _frame):
         stop.set()
-        worker.signal(signum)
+        child.signal(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    worker.start()
+    child.start()
     try:
-        took = worker.wait_healthy(startup_timeout)
+        took = child.wait_healthy(startup_timeout)
     except WorkerStartError:
-        worker.stop()
+        child.stop()
         raise
-    print(f"[hybrid-pd] {worker.config.role} worker healthy at {worker.config.url} after {took:.1f}s "
-          f"(pid {worker.pid}, kv events {worker.config.kv_events_endpoint})", flush=True)
-    assert worker.proc
-    code = worker.proc.wait()
-    if not stop.is_set() and code != 0:
-        worker._drain()
-        raise WorkerStartError(f"{worker.config.role} worker died with code {code}", list(worker.tail))
-    worker.stop(grace=5)
-    return 0 if stop.is_set() else code
+    print(f"[hybrid-pd] {child.name} healthy at {child.url} after {took:.1f}s (pid {child.pid})", flush=True)
+    assert child.proc
+    code = child.proc.wait()
+    child.stop(grace=5)
+    if stop.is_set():
+        return 0
+    raise WorkerStartError(f"{child.name} died with code {code}", list(child.tail))

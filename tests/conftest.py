@@ -1,0 +1,43 @@
+"""Shared fixtures: the tiny models and a module-scoped launcher that stops every process by PID."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import Launched
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+
+    return str(build_tiny_model(TinyModelSpec(seed=0)))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_other_weights() -> str:
+    from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+
+    return str(build_tiny_model(TinyModelSpec(seed=1)))
+
+
+@pytest.fixture(scope="session")
+def logs_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="module")
+def launch(logs_dir):
+    """Start processes; every one is stopped by PID when the module's tests are done."""
+    started: list[Launched] = []
+
+    def start(name: str, argv: list[str], url: str, env: dict | None = None) -> Launched:
+        proc = Launched(name, argv, url, logs_dir, env)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in reversed(started):
+        proc.stop()

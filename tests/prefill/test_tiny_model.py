@@ -1,0 +1,42 @@
+"""The tiny model builder: deterministic by seed, cached, a real hybrid model with a chat template."""
+
+import hashlib
+import json
+
+from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+from hybrid_pd.prefill.worker_config import model_kind
+
+
+def digest(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.iterdir()) if p.name in ("model.safetensors", "tokenizer.json")}
+
+
+def test_same_seed_same_bytes_other_seed_other_weights(tmp_path, tiny_model, tiny_model_other_weights):
+    from pathlib import Path
+
+    rebuilt = build_tiny_model(TinyModelSpec(seed=0), out=tmp_path / "again")
+    assert digest(rebuilt) == digest(Path(tiny_model))
+    other = digest(Path(tiny_model_other_weights))
+    assert other["tokenizer.json"] == digest(rebuilt)["tokenizer.json"]
+    assert other["model.safetensors"] != digest(rebuilt)["model.safetensors"]
+
+
+def test_cached_build_is_found_not_rebuilt(tiny_model):
+    from pathlib import Path
+
+    assert build_tiny_model(TinyModelSpec(seed=0)) == Path(tiny_model)
+
+
+def test_it_is_a_hybrid_model_with_a_chat_template(tiny_model):
+    from transformers import AutoTokenizer
+
+    cfg = json.load(open(f"{tiny_model}/config.json"))
+    assert set(cfg["layer_types"]) == {"linear_attention", "full_attention"}
+    assert model_kind(tiny_model) == "hybrid"
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    text = tok.apply_chat_template([{"role": "user", "content": "hello world"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok(text)["input_ids"]
+    assert tok.convert_tokens_to_ids("<|im_start|>") in ids and tok.decode(ids) == text

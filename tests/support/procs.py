@@ -1,0 +1,102 @@
+"""Test support: real processes on 127.0.0.1, started with timeouts and stopped by PID.
+
+`Launched` runs one command (a `hybrid-pd prefill|decode|proxy` launcher) in its own process group, waits
+for its /health, and on stop sends SIGTERM to the launcher (which forwards it to vLLM), then SIGKILLs
+whatever of the group or its descendants is left, and reports survivors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from hybrid_pd.prefill.supervisor import ChildProcess
+
+BIN = Path(sys.executable).parent
+HYBRID_PD = str(BIN / "hybrid-pd") if (BIN / "hybrid-pd").exists() else shutil.which("hybrid-pd")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Launched(ChildProcess):
+    """A launcher process under test, logging to a file; `stop` reports what had to be killed by force."""
+
+    def __init__(self, name: str, argv: list[str], url: str, log_dir: Path, env: dict | None = None):
+        self.log_path = log_dir / f"{name}.log"
+        super().__init__(name, argv, url, env={**os.environ, **(env or {})}, log=open(self.log_path, "w"))
+        self.start()
+
+    def descendants(self) -> list:
+        import psutil
+
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, grace: float = 30) -> list[int]:
+        """SIGTERM the launcher only (it must stop vLLM itself); return the PIDs that survived it."""
+        import psutil
+
+        kids = self.descendants()
+        survivors = []
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM, group=False)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                survivors.append(self.pid)
+        survivors += [p.pid for p in psutil.wait_procs(kids, timeout=10)[1]]
+        super().stop(grace=5)  # SIGKILLs the group if anything is left
+        self._log.close()
+        return survivors
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 120) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def scrape_metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    pass
+        return out
+
+
+def metric_sum(metrics: dict[str, float], name: str) -> float:
+    """Sum a metric over all its label sets (`name{...} value` lines)."""
+    return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
+
+
+def worker_argv(role: str, *, connector: str, port: int, cpu_bind: str, model: str | None = None,
+                extra: list[str] = ()) -> list[str]:
+    argv = [HYBRID_PD, role, "--connector", connector, "--port", str(port), "--cpu-bind", cpu_bind,
+            "--side-channel-port", str(free_port()), "--kv-events-port", str(free_port()),
+            "--kv-cache-gib", "1", "--max-model-len", "2048", "--max-num-batched-tokens", "2048",
+            "--max-num-seqs", "4", "--served-model-name", "tiny"]
+    if model:
+        argv += ["--model", model]
+    return argv + list(extra)
+
+
