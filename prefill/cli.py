@@ -47,6 +47,8 @@ def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
     ap.add_argument("--served-model-name", default=None,
                     help=f"name clients use (default for the tiny model: {TINY_SERVED_NAME})")
     ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--advertise-host", default=None,
+                    help="address peers dial for the NIXL side channel (default: --host, or $POD_IP)")
     ap.add_argument("--port", type=int, default=d["port"])
     ap.add_argument("--connector", default="upstream", choices=["hybrid", "upstream", "none"],
                     help="hybrid: our connector; upstream: vLLM's NixlConnector (the baseline); none: no PD")
@@ -72,12 +74,13 @@ def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
     ap.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then extra vLLM flags")
 
 
-def config_from_args(args: argparse.Namespace, role: str) -> WorkerConfig:
+def config_from_args(args: argparse.Namespace, role: str, check_ports_free: bool = True) -> WorkerConfig:
     extra = list(args.vllm_args or [])
     if extra[:1] == ["--"]:
         extra = extra[1:]
     return WorkerConfig(
-        role=role, model=resolve_model(args.model, args.tiny_seed), host=args.host, port=args.port,
+        role=role, model=resolve_model(args.model, args.tiny_seed), host=args.host,
+        advertise_host=args.advertise_host, port=args.port,
         connector=args.connector, side_channel_port=args.side_channel_port,
         kv_events_port=args.kv_events_port, device=args.device, cpu_bind=args.cpu_bind or None,
         kv_cache_gib=args.kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -87,7 +90,7 @@ def config_from_args(args: argparse.Namespace, role: str) -> WorkerConfig:
         conv_state_layout=args.conv_state_layout, nixl_progress_delay_us=args.nixl_progress_delay_us,
         seed=args.seed,
         served_model_name=args.served_model_name or (TINY_SERVED_NAME if args.model == "tiny" else None),
-        extra_vllm_args=tuple(extra),
+        extra_vllm_args=tuple(extra), check_ports_free=check_ports_free,
     )
 
 

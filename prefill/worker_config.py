@@ -41,6 +41,7 @@ OWNED_VLLM_FLAGS = {
     "--max-model-len": "--max-model-len",
     "--seed": "--seed",
 }
+WILDCARDS = ("0.0.0.0", "::", "")
 HYBRID_LAYER_KINDS = {"linear_attention", "mamba", "mamba2", "ssm", "conv", "short_conv", "gdn"}
 HYBRID_ARCHITECTURES = {
     "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
@@ -55,6 +56,7 @@ class WorkerConfig:
     role: Role
     model: str
     host: str = "127.0.0.1"
+    advertise_host: str | None = None  # what peers dial (NIXL side channel); default: host, or $POD_IP
     port: int = 8100
     connector: ConnectorName = "upstream"
     side_channel_port: int = 5600
@@ -102,6 +104,9 @@ class WorkerConfig:
         if self.connector != "none" and self.conv_state_layout != "DS":
             problems.append(f"--conv-state-layout {self.conv_state_layout} with a NIXL connector: NIXL moves "
                             "conv state in the DS layout only; use --conv-state-layout DS")
+        if self.connector != "none" and self.peer_host in WILDCARDS:
+            problems.append(f"--host {self.host} binds every interface, so peers need an address to dial: "
+                            "pass --advertise-host (or set POD_IP)")
         if self.connector not in ("hybrid", "upstream", "none"):
             problems.append(f"--connector {self.connector}: choose hybrid, upstream or none")
         problems += self._check_ports()
@@ -143,6 +148,13 @@ class WorkerConfig:
                     problems.append(f"{flag} {port} is already in use on {self.host}: pick a free port")
         return problems
 
+    @property
+    def peer_host(self) -> str:
+        """The address other workers use to reach this one's NIXL side channel."""
+        if self.advertise_host:
+            return self.advertise_host
+        return os.environ.get("POD_IP", self.host) if self.host in WILDCARDS else self.host
+
     # ---- what to run ------------------------------------------------------------------------------------
     @property
     def url(self) -> str:
@@ -161,7 +173,7 @@ class WorkerConfig:
         return cfg
 
     def kv_events_config(self) -> dict:
-        bind = "*" if self.host in ("0.0.0.0", "::") else self.host
+        bind = "*" if self.host in WILDCARDS else self.host
         return {"enable_kv_cache_events": True, "publisher": "zmq",
                 "endpoint": f"tcp://{bind}:{self.kv_events_port}", "topic": "kv-events"}
 
@@ -192,8 +204,8 @@ class WorkerConfig:
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
         env.update(VLLM_SSM_CONV_STATE_LAYOUT=self.conv_state_layout,
-                   VLLM_HOST_IP=self.host if self.host not in ("0.0.0.0", "::") else env.get("VLLM_HOST_IP", ""),
-                   VLLM_NIXL_SIDE_CHANNEL_HOST=self.host,
+                   VLLM_HOST_IP=self.peer_host,
+                   VLLM_NIXL_SIDE_CHANNEL_HOST=self.peer_host,
                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.side_channel_port),
                    NIXL_PTHR_DELAY_US=str(self.nixl_progress_delay_us),
                    UCX_RCACHE_MAX_UNRELEASED=env.get("UCX_RCACHE_MAX_UNRELEASED", "1024"))

@@ -8,7 +8,9 @@ our proxy or our connector.
 """
 
 import random
+import time
 
+import psutil
 import pytest
 
 from tests.support.procs import free_port, http_json, metric_sum, scrape_metrics, worker_argv
@@ -93,6 +95,26 @@ def test_prefiller_with_other_weights_changes_the_output(engines):
     # ...and the same decoder still matches when fed by the right prefiller
     _, d_ok = pd_complete(engines["p"].url, engines["d"].url, text_of(500, salt=43))
     assert d_ok["choices"][0]["text"] == complete(engines["ref"].url, text_of(500, salt=43))["choices"][0]["text"]
+
+
+def test_idle_workers_do_not_spin_a_core(engines):
+    """NIXL's progress thread polls with a 0 us delay unless our .pth hook sets NIXL_PTHR_DELAY_US."""
+    procs = [pid for name in ("p", "d")
+             for pid in [engines[name].pid, *[c.pid for c in engines[name].descendants()]]]
+    def cpu_seconds():
+        total = 0.0
+        for pid in procs:
+            try:
+                t = psutil.Process(pid).cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    start, t0 = cpu_seconds(), time.monotonic()
+    time.sleep(5)
+    cores = (cpu_seconds() - start) / (time.monotonic() - t0)
+    assert cores < 0.4, f"two idle PD workers use {cores:.2f} cores"
 
 
 def test_launchers_stop_vllm_and_its_engine_core_on_sigterm(engines):

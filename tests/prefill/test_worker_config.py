@@ -144,3 +144,13 @@ def test_cli_refuses_with_exit_2_and_names_the_flag(hybrid_model, capsys):
     code = worker_main("decode", ["--model", hybrid_model, "--no-prefix-caching"])
     assert code == 2
     assert "remove --no-prefix-caching" in capsys.readouterr().err
+
+
+def test_wildcard_bind_advertises_the_pod_ip(hybrid_model, monkeypatch):
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    env = make(hybrid_model, host="0.0.0.0").env({})
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == env["VLLM_HOST_IP"] == "10.1.2.3"
+    assert "UCX_NET_DEVICES" not in env
+    assert make(hybrid_model, host="0.0.0.0", advertise_host="w1").env({})["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "w1"
+    monkeypatch.delenv("POD_IP")
+    assert "pass --advertise-host" in problems_of(hybrid_model, host="0.0.0.0")
