@@ -1,0 +1,49 @@
+"""The bounded queue in front of the workers: at most `max_in_flight` requests are served at once, at most
+`max_queue` wait for a slot, and none waits longer than `queue_timeout_s`. Past that the client gets a 429 at
+once (retry later) instead of a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from .config import AdmissionConfig
+from .errors import Overloaded
+from .metrics import ProxyMetrics
+
+
+class Admission:
+    def __init__(self, cfg: AdmissionConfig, metrics: ProxyMetrics):
+        self.cfg = cfg
+        self.metrics = metrics
+        self._slots = asyncio.Semaphore(cfg.max_in_flight)
+        self.waiting = 0
+        self.active = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self._slots.locked():
+            if self.waiting >= self.cfg.max_queue:
+                raise Overloaded(f"the proxy queue is full ({self.cfg.max_in_flight} in flight, "
+                                 f"{self.waiting} waiting); retry later")
+            self.waiting += 1
+            self.metrics.queued.inc()
+            try:
+                async with asyncio.timeout(self.cfg.queue_timeout_s):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise Overloaded(f"no slot freed within {self.cfg.queue_timeout_s:g} s; retry later") from None
+            finally:
+                self.waiting -= 1
+                self.metrics.queued.dec()
+        else:
+            await self._slots.acquire()
+        self.active += 1
+        self.metrics.in_flight.inc()
+        try:
+            yield
+        finally:
+            self.active -= 1
+            self.metrics.in_flight.dec()
+            self._slots.release()

@@ -1,0 +1,158 @@
+"""The OpenAI request as the proxy sees it: parsed and type-checked once, then turned into the prefill body
+and the decode body.
+
+Only what the proxy itself relies on is checked here (a malformed body is a 400, never a crash); the
+semantics of sampling fields are the worker's to judge, and its 4xx is passed through.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import BadRequest
+
+Endpoint = Literal["completions", "chat"]
+PATHS: dict[Endpoint, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+# What P gets in kv_transfer_params: "compute the prompt, keep the blocks for a remote decoder".
+PREFILL_KV_TRANSFER_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                              "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+# Fields that shape only the output. P samples one token that D regenerates, so it must not pay for them
+# (logprobs compile, grammar compile) nor fail on them (min_tokens > max_tokens=1, n > 1).
+_OUTPUT_ONLY_FIELDS = ("stream_options", "min_tokens", "n", "best_of", "logprobs", "top_logprobs",
+                       "prompt_logprobs", "echo", "response_format", "structured_outputs", "guided_json",
+                       "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+                       "guided_whitespace_pattern", "logit_bias", "suffix")
+_CHAT_TOKENIZE_FIELDS = ("messages", "tools", "add_generation_prompt", "continue_final_message",
+                         "chat_template", "chat_template_kwargs", "add_special_tokens")
+
+_json_decoder = msgspec.json.Decoder()
+
+
+@dataclass
+class OpenAIRequest:
+    endpoint: Endpoint
+    body: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    prompt_chars: int
+    token_ids: list[int] | None  # the prompt's token ids, when the client sent them or the proxy tokenized
+    single_prompt: bool  # one prompt, n == 1: eligible for remote prefill (kv_transfer_params are per request)
+    user: str | None
+
+    @property
+    def path(self) -> str:
+        return PATHS[self.endpoint]
+
+    @property
+    def model(self) -> str | None:
+        m = self.body.get("model")
+        return m if isinstance(m, str) else None
+
+    def tokenize_body(self) -> dict[str, Any] | None:
+        """Body for the worker's POST /tokenize, or None when the prompt cannot be tokenized that way."""
+        if self.endpoint == "chat":
+            out = {k: self.body[k] for k in _CHAT_TOKENIZE_FIELDS if k in self.body}
+        elif isinstance(self.body.get("prompt"), str):
+            out = {"prompt": self.body["prompt"]}
+            if "add_special_tokens" in self.body:
+                out["add_special_tokens"] = self.body["add_special_tokens"]
+        else:
+            return None
+        if self.model:
+            out["model"] = self.model
+        return out
+
+    def prefill_body(self, forward_token_ids: bool) -> dict[str, Any]:
+        body = {k: v for k, v in self._worker_body(forward_token_ids).items() if k not in _OUTPUT_ONLY_FIELDS}
+        body["max_tokens"] = 1
+        if self.endpoint == "chat":
+            body["max_completion_tokens"] = 1
+        body["stream"] = False
+        body["kv_transfer_params"] = dict(PREFILL_KV_TRANSFER_PARAMS)
+        return body
+
+    def decode_body(self, kv_transfer_params: dict[str, Any] | None, forward_token_ids: bool) -> dict[str, Any]:
+        body = self._worker_body(forward_token_ids)
+        if kv_transfer_params is not None:
+            body["kv_transfer_params"] = kv_transfer_params
+        return body
+
+    def _worker_body(self, forward_token_ids: bool) -> dict[str, Any]:
+        body = dict(self.body)
+        body.pop("kv_transfer_params", None)  # the proxy owns the PD protocol; a client must not steer it
+        if (forward_token_ids and self.endpoint == "completions" and self.token_ids
+                and isinstance(body.get("prompt"), str)):
+            body["prompt"] = self.token_ids  # workers skip tokenizing, and hash exactly what routing scored
+            body.pop("add_special_tokens", None)
+        return body
+
+
+def parse_request(endpoint: Endpoint, raw: bytes) -> OpenAIRequest:
+    try:
+        body = _json_decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    _check_type(body, "model", str)
+    _check_type(body, "stream", bool)
+    _check_type(body, "stream_options", dict)
+    _check_type(body, "user", str)
+    _check_type(body, "n", int)
+    for name in ("max_tokens", "max_completion_tokens", "min_tokens"):
+        _check_type(body, name, int)
+    stream = bool(body.get("stream", False))
+    include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage", False))
+    n = body.get("n", 1)
+    if endpoint == "chat":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            raise BadRequest("'messages' must be a non-empty array of message objects", param="messages")
+        chars = sum(_content_chars(m.get("content")) for m in msgs)
+        token_ids, single = None, True
+    else:
+        prompt = body.get("prompt")
+        token_ids, chars, single = _parse_prompt(prompt)
+    return OpenAIRequest(endpoint, body, stream, include_usage, chars, token_ids,
+                         single and n in (1, None) and body.get("best_of") in (1, None), body.get("user"))
+
+
+def _check_type(body: dict[str, Any], name: str, typ: type) -> None:
+    v = body.get(name)
+    if v is None:
+        return
+    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+        raise BadRequest(f"'{name}' must be of type {_TYPE_NAMES[typ]}", param=name)
+
+
+_TYPE_NAMES = {str: "string", bool: "boolean", int: "integer", dict: "object"}
+
+
+def _is_token_list(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def _parse_prompt(prompt: Any) -> tuple[list[int] | None, int, bool]:
+    """(token ids if given as ids, characters of text, is one prompt)."""
+    if isinstance(prompt, str):
+        return None, len(prompt), True
+    if _is_token_list(prompt) and prompt:
+        return list(prompt), 0, True
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return None, sum(map(len, prompt)), len(prompt) == 1
+    if isinstance(prompt, list) and prompt and all(_is_token_list(p) and p for p in prompt):
+        return (list(prompt[0]) if len(prompt) == 1 else None), 0, len(prompt) == 1
+    raise BadRequest("'prompt' must be a string, an array of strings, or an array of token ids", param="prompt")
+
+
+def _content_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p.get("text", "")) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0

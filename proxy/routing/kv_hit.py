@@ -1,0 +1,38 @@
+"""Score = usable hybrid prefix hit / prompt length, from the workers' KV events (kv_index.py).
+
+Needs the prompt's token ids (the proxy tokenizes only when this scorer is configured). Records each
+worker's hit in ctx.hits: the PD flow uses the decoder's to skip remote prefill and to report cached tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..workers import Worker
+from .base import Deps, RequestContext
+from .registry import register_scorer
+
+
+@register_scorer("kv_hit")
+class KVHitScorer:
+    def __init__(self, deps: Deps):
+        self._deps = deps
+
+    def score(self, ctx: RequestContext, workers: Sequence[Worker]) -> list[float]:
+        n = len(ctx.token_ids or ())
+        if n < 2:
+            return [0.0] * len(workers)
+        out = []
+        for w in workers:
+            hit = hit_tokens(self._deps, ctx, w)
+            out.append(min(1.0, hit / n))
+        return out
+
+
+def hit_tokens(deps: Deps, ctx: RequestContext, w: Worker) -> int:
+    """Usable hybrid hit of ctx's prompt on worker w (memoized in ctx.hits)."""
+    if w.url not in ctx.hits:
+        idx = deps.kv_index.workers.get(w.url)
+        n = len(ctx.token_ids or ())
+        ctx.hits[w.url] = idx.usable_hit_tokens(n, ctx.hashes_for, deps.kv.hash_block_size) if idx and n else 0
+    return ctx.hits[w.url]

@@ -1,0 +1,39 @@
+"""Everything one proxy instance shares between requests, built once from its config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .admission import Admission
+from .config import ProxyConfig
+from .kv_index import KVIndex
+from .metrics import ProxyMetrics
+from .routing import Deps, Router
+from .upstream import Upstream
+from .workers import WorkerPool
+
+
+@dataclass
+class ProxyState:
+    config: ProxyConfig
+    pool: WorkerPool
+    kv_index: KVIndex
+    metrics: ProxyMetrics
+    upstream: Upstream
+    admission: Admission
+    deps: Deps
+    decode_router: Router
+    prefill_router: Router
+
+    @classmethod
+    def build(cls, config: ProxyConfig) -> "ProxyState":
+        metrics = ProxyMetrics()
+        kv_index = KVIndex()
+        deps = Deps(kv_index, config.kv)
+        pool = WorkerPool()
+        pool.set_workers("prefill", config.prefill)
+        pool.set_workers("decode", config.decode)
+        return cls(config=config, pool=pool, kv_index=kv_index, metrics=metrics,
+                   upstream=Upstream(config.timeouts), admission=Admission(config.admission, metrics), deps=deps,
+                   decode_router=Router("decode", config.routing.decode, deps),
+                   prefill_router=Router("prefill", config.routing.prefill, deps))

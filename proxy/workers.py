@@ -1,0 +1,90 @@
+"""The worker pool: who serves which role, who is admitted (healthy), and how busy each one is.
+
+Discovery (static list or Kubernetes) replaces a role's worker list; a worker that stays keeps its state.
+Health checks and failed requests move a worker between admitted and ejected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .config import WorkerSpec
+
+Role = Literal["prefill", "decode"]
+log = logging.getLogger("hybrid_pd.proxy")
+
+
+@dataclass(eq=False)
+class Worker:
+    url: str
+    role: Role
+    events: str | None = None
+    healthy: bool = True
+    in_flight: int = 0
+    failures: int = 0  # consecutive failed health checks
+    successes: int = 0  # consecutive good health checks while ejected
+
+    def __repr__(self) -> str:
+        return f"Worker({self.role} {self.url}{'' if self.healthy else ' ejected'}, in_flight={self.in_flight})"
+
+
+Listener = Callable[[str, Worker], None]  # ("added" | "removed", worker)
+
+
+class WorkerPool:
+    def __init__(self) -> None:
+        self._workers: dict[Role, list[Worker]] = {"prefill": [], "decode": []}
+        self._listeners: list[Listener] = []
+
+    def on_change(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def set_workers(self, role: Role, specs: Sequence[WorkerSpec]) -> None:
+        old = {w.url: w for w in self._workers[role]}
+        new: list[Worker] = []
+        for spec in specs:
+            w = old.pop(spec.url, None)
+            if w is None or w.events != spec.events:
+                if w is not None:
+                    self._emit("removed", w)
+                w = Worker(spec.url, role, spec.events)
+                self._emit("added", w)
+            new.append(w)
+        for w in old.values():
+            self._emit("removed", w)
+        self._workers[role] = new
+
+    def all(self, role: Role | None = None) -> list[Worker]:
+        if role is None:
+            return self._workers["prefill"] + self._workers["decode"]
+        return list(self._workers[role])
+
+    def admitted(self, role: Role) -> list[Worker]:
+        return [w for w in self._workers[role] if w.healthy]
+
+    def eject(self, w: Worker, why: str) -> None:
+        if w.healthy:
+            log.warning("ejecting %s worker %s: %s", w.role, w.url, why)
+        w.healthy, w.successes = False, 0
+
+    def readmit(self, w: Worker) -> None:
+        if not w.healthy:
+            log.info("re-admitting %s worker %s", w.role, w.url)
+        w.healthy, w.failures = True, 0
+
+    @staticmethod
+    @contextlib.contextmanager
+    def busy(w: Worker) -> Iterator[Worker]:
+        w.in_flight += 1
+        try:
+            yield w
+        finally:
+            w.in_flight -= 1
+
+    def _emit(self, what: str, w: Worker) -> None:
+        for listener in self._listeners:
+            listener(what, w)
