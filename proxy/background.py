@@ -1,5 +1,6 @@
-"""The proxy's background tasks, started with the app and stopped with it: active health checks, KV-event
-subscriptions (one per worker that announces an events endpoint), Kubernetes discovery."""
+"""The proxy's background tasks, started with the app and stopped with it: active health checks, one KV-event
+subscription per worker that announces an events endpoint (following discovery's changes), and Kubernetes
+discovery."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import asyncio
 import contextlib
 import logging
 
+import zmq.asyncio
+
 from .health import health_loop
+from .kv_subscriber import subscribe
 from .state import ProxyState
+from .workers import Worker
 
 log = logging.getLogger("hybrid_pd.proxy")
 
@@ -17,17 +22,49 @@ class Background:
     def __init__(self, state: ProxyState):
         self.state = state
         self.tasks: list[asyncio.Task] = []
+        self.subscriptions: dict[Worker, asyncio.Task] = {}
+        self._zmq: zmq.asyncio.Context | None = None
 
     async def start(self) -> None:
-        for w in self.state.pool.all():
-            self.state.metrics.worker_healthy.labels(w.role, w.url).set(1)
-        if self.state.config.health.interval_s > 0:
-            self.tasks.append(asyncio.create_task(health_loop(self.state), name="health"))
+        s = self.state
+        for w in s.pool.all():
+            self._added(w)
+        s.pool.on_change(self._changed)
+        if s.config.health.interval_s > 0:
+            self.tasks.append(asyncio.create_task(health_loop(s), name="health"))
+        if s.config.discovery == "k8s":
+            from .discovery_k8s import discovery_loop
+
+            self.tasks.append(asyncio.create_task(discovery_loop(s), name="k8s-discovery"))
 
     async def stop(self) -> None:
-        for t in self.tasks:
+        tasks = self.tasks + list(self.subscriptions.values())
+        for t in tasks:
             t.cancel()
-        for t in self.tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self.tasks.clear()
+        self.subscriptions.clear()
+        if self._zmq is not None:
+            self._zmq.term()
+            self._zmq = None
+
+    def _changed(self, what: str, w: Worker) -> None:
+        if what == "added":
+            self._added(w)
+        else:
+            task = self.subscriptions.pop(w, None)
+            if task is not None:
+                task.cancel()
+            self.state.kv_index.drop(w.url)
+            with contextlib.suppress(KeyError):
+                self.state.metrics.worker_healthy.remove(w.role, w.url)
+
+    def _added(self, w: Worker) -> None:
+        self.state.metrics.worker_healthy.labels(w.role, w.url).set(1 if w.healthy else 0)
+        if w.events:
+            if self._zmq is None:
+                self._zmq = zmq.asyncio.Context()
+            self.subscriptions[w] = asyncio.create_task(
+                subscribe(self._zmq, w, self.state.kv_index, self.state.metrics), name=f"kv-events {w.url}")

@@ -7,6 +7,7 @@ combination with a `ConfigError` that names the flag to change.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -131,6 +132,8 @@ class ProxyConfig:
             out.append(f"--port {self.port} is not a TCP port")
         if self.discovery == "static" and not self.decode:
             out.append("no decode worker: pass --decode URL (repeatable) or --discovery k8s")
+        if self.discovery == "k8s" and not self.k8s.api_url and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            out.append("--discovery k8s outside a pod (no KUBERNETES_SERVICE_HOST): pass --k8s-api-url")
         if self.discovery not in ("static", "k8s"):
             out.append(f"--discovery {self.discovery!r}: choose static or k8s")
         for flag, specs in (("--prefill", self.prefill), ("--decode", self.decode)):

@@ -10,7 +10,9 @@ AND a checkpoint at exactly N in every Mamba group:
     mamba          --   h2   --   --   --        checkpoints at 2 blocks only (h4 evicted or never kept)
     usable hit     2 blocks = 2*B tokens         (the attention prefix alone would claim 4)
 
-Groups of other kinds (sliding window, ...) do not limit the hit: the scorer is an estimate for routing,
+The groups' kinds and block sizes are learned from every worker's events (one model per deployment), so a
+Mamba group a worker never stored into still blocks its hits. Groups of other kinds (sliding window, ...)
+do not limit the hit: the scorer is an estimate for routing,
 never a promise. vLLM always computes a prompt's last token, so a hit is at most len(prompt) - 1 tokens.
 Only the GPU (device) tier counts; offload tiers (medium CPU/STORAGE) are not where the engine hits first.
 """
@@ -30,93 +32,91 @@ DEVICE_MEDIA = frozenset({None, "GPU"})
 
 
 @dataclass
-class GroupCache:
+class GroupSpec:
     kind: str
     block_size: int
-    hashes: set[bytes | int] = field(default_factory=set)
 
 
 @dataclass
 class WorkerKVIndex:
     """The block hashes one worker has announced, per KV-cache group."""
 
-    groups: dict[int, GroupCache] = field(default_factory=dict)
+    hashes: dict[int, set[bytes | int]] = field(default_factory=dict)  # group_idx -> stored block hashes
     int_hashes: bool = False  # the worker publishes 64-bit ints instead of sha256 bytes
     last_seq: int = -1
     gaps: int = 0  # batches missed (sequence jumps); the index may then overestimate until eviction events
 
-    def apply(self, batch: KVEventBatch) -> None:
+    def apply(self, batch: KVEventBatch, specs: dict[int, GroupSpec]) -> None:
+        """Apply one batch; learns each group's kind and block size into `specs` (shared by all workers)."""
         for ev in batch.events:
             if isinstance(ev, BlockStored):
                 if ev.medium not in DEVICE_MEDIA or not ev.block_hashes:
                     continue
                 gid = ev.group_idx or 0
-                group = self.groups.get(gid)
-                if group is None:
-                    group = self.groups[gid] = GroupCache(ev.kv_cache_spec_kind or "full_attention", ev.block_size)
-                elif ev.kv_cache_spec_kind:
-                    group.kind = ev.kv_cache_spec_kind
+                spec = specs.get(gid)
+                if spec is None or (ev.kv_cache_spec_kind and spec.kind != ev.kv_cache_spec_kind):
+                    specs[gid] = GroupSpec(ev.kv_cache_spec_kind or "full_attention", ev.block_size)
                 self.int_hashes = isinstance(ev.block_hashes[0], int)
-                group.hashes.update(ev.block_hashes)
+                self.hashes.setdefault(gid, set()).update(ev.block_hashes)
             elif isinstance(ev, BlockRemoved):
                 if ev.medium not in DEVICE_MEDIA:
                     continue
-                group = self.groups.get(ev.group_idx or 0)
-                if group is not None:
-                    group.hashes.difference_update(ev.block_hashes)
+                self.hashes.get(ev.group_idx or 0, set()).difference_update(ev.block_hashes)
             elif isinstance(ev, AllBlocksCleared):
-                for group in self.groups.values():
-                    group.hashes.clear()
+                for hashes in self.hashes.values():
+                    hashes.clear()
 
     def note_seq(self, seq: int) -> None:
         if self.last_seq >= 0 and seq > self.last_seq + 1:
             self.gaps += seq - self.last_seq - 1
         self.last_seq = seq
 
-    def hash_block_size(self, configured: int = 0) -> int:
-        """vLLM's default hash_block_size is the gcd of the groups' block sizes (prefix_match_unit unset)."""
-        if configured:
-            return configured
-        sizes = [g.block_size for g in self.groups.values() if g.block_size > 0]
-        return math.gcd(*sizes) if sizes else 0
 
-    def usable_hit_tokens(self, num_tokens: int, hashes_for: Callable[[int], list[bytes]],
-                          configured_hash_block_size: int = 0) -> int:
-        """Longest prefix (tokens) of a `num_tokens` prompt that this worker can serve from its cache with both
-        attention blocks and a Mamba checkpoint. `hashes_for(h)` gives the prompt's chained hashes at
-        granularity h (cached by the caller: several workers usually share h)."""
-        attention = [g for g in self.groups.values() if g.kind in ATTENTION_KINDS and g.hashes]
-        mamba = [g for g in self.groups.values() if g.kind == MAMBA_KIND]
-        if not attention and not any(g.hashes for g in mamba):
-            return 0
-        h = self.hash_block_size(configured_hash_block_size)
-        if h <= 0:
-            return 0
-        raw = hashes_for(h)
-        keys = [as_int_hash(x) for x in raw] if self.int_hashes else raw
-        limit = min(num_tokens - 1, len(keys) * h)  # vLLM computes the last prompt token itself
-        for g in attention:
-            k = g.block_size // h
-            blocks = 0
-            while (blocks + 1) * g.block_size <= limit and keys[(blocks + 1) * k - 1] in g.hashes:
-                blocks += 1
-            limit = min(limit, blocks * g.block_size)
-        if not mamba:
-            return max(limit, 0)
-        step = math.lcm(*(g.block_size for g in attention + mamba))
-        n = (max(limit, 0) // step) * step
-        while n > 0:
-            if all(keys[n // h - 1] in g.hashes for g in mamba):
-                return n
-            n -= step
+def hash_block_size(specs: dict[int, GroupSpec], configured: int = 0) -> int:
+    """vLLM's default hash_block_size is the gcd of the groups' block sizes (prefix_match_unit unset)."""
+    if configured:
+        return configured
+    sizes = [g.block_size for g in specs.values() if g.block_size > 0]
+    return math.gcd(*sizes) if sizes else 0
+
+
+def usable_hit_tokens(worker: WorkerKVIndex, specs: dict[int, GroupSpec], num_tokens: int,
+                      hashes_for: Callable[[int], list[bytes]], configured_hash_block_size: int = 0) -> int:
+    """Longest prefix (tokens) of a `num_tokens` prompt that `worker` can serve from its cache with both
+    attention blocks and a Mamba checkpoint in every group. `specs` are the groups learned from every
+    worker (one model per deployment): a Mamba group a worker never stored into still blocks its hits.
+    `hashes_for(h)` gives the prompt's chained hashes at granularity h (cached by the caller)."""
+    attention = {gid: g for gid, g in specs.items() if g.kind in ATTENTION_KINDS}
+    mamba = {gid: g for gid, g in specs.items() if g.kind == MAMBA_KIND}
+    h = hash_block_size(specs, configured_hash_block_size)
+    if h <= 0 or not (attention or mamba):
         return 0
+    raw = hashes_for(h)
+    keys = [as_int_hash(x) for x in raw] if worker.int_hashes else raw
+    empty: set[bytes | int] = set()
+    limit = min(num_tokens - 1, len(keys) * h)  # vLLM computes the last prompt token itself
+    for gid, g in attention.items():
+        stored, k, blocks = worker.hashes.get(gid, empty), g.block_size // h, 0
+        while (blocks + 1) * g.block_size <= limit and keys[(blocks + 1) * k - 1] in stored:
+            blocks += 1
+        limit = min(limit, blocks * g.block_size)
+    if not mamba:
+        return max(limit, 0)
+    step = math.lcm(*(g.block_size for g in specs.values() if g.kind in ATTENTION_KINDS or g.kind == MAMBA_KIND))
+    n = (max(limit, 0) // step) * step
+    while n > 0:
+        if all(keys[n // h - 1] in worker.hashes.get(gid, empty) for gid in mamba):
+            return n
+        n -= step
+    return 0
 
 
 class KVIndex:
-    """Per-worker indexes, keyed by worker URL."""
+    """Per-worker indexes keyed by worker URL, and the KV-cache groups learned from all of them."""
 
     def __init__(self) -> None:
         self.workers: dict[str, WorkerKVIndex] = {}
+        self.specs: dict[int, GroupSpec] = {}
 
     def of(self, url: str) -> WorkerKVIndex:
         idx = self.workers.get(url)
@@ -124,5 +124,15 @@ class KVIndex:
             idx = self.workers[url] = WorkerKVIndex()
         return idx
 
+    def apply(self, url: str, batch: KVEventBatch) -> None:
+        self.of(url).apply(batch, self.specs)
+
     def drop(self, url: str) -> None:
         self.workers.pop(url, None)
+
+    def hit_tokens(self, url: str, num_tokens: int, hashes_for: Callable[[int], list[bytes]],
+                   configured_hash_block_size: int = 0) -> int:
+        worker = self.workers.get(url)
+        if worker is None or num_tokens < 2:
+            return 0
+        return usable_hit_tokens(worker, self.specs, num_tokens, hashes_for, configured_hash_block_size)

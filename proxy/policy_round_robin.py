@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..workers import Worker
-from .base import Deps, RequestContext
-from .registry import register_picker
+from .routing import Deps, RequestContext, register_picker
+from .workers import Worker
 
 
 @register_picker("round_robin")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..workers import Worker
-from .base import Deps, RequestContext
-from .registry import register_scorer
+from .routing import Deps, RequestContext, register_scorer
+from .workers import Worker
 
 
 @register_scorer("least_loaded")

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..workers import Worker
-from .base import Deps, RequestContext
-from .registry import register_scorer
+from .routing import Deps, RequestContext, register_scorer
+from .workers import Worker
 
 
 @register_scorer("kv_hit")
@@ -32,7 +31,6 @@ class KVHitScorer:
 def hit_tokens(deps: Deps, ctx: RequestContext, w: Worker) -> int:
     """Usable hybrid hit of ctx's prompt on worker w (memoized in ctx.hits)."""
     if w.url not in ctx.hits:
-        idx = deps.kv_index.workers.get(w.url)
-        n = len(ctx.token_ids or ())
-        ctx.hits[w.url] = idx.usable_hit_tokens(n, ctx.hashes_for, deps.kv.hash_block_size) if idx and n else 0
+        ctx.hits[w.url] = deps.kv_index.hit_tokens(w.url, len(ctx.token_ids or ()), ctx.hashes_for,
+                                                   deps.kv.hash_block_size)
     return ctx.hits[w.url]

@@ -10,9 +10,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from ..workers import Worker
-from .base import Deps, RequestContext
-from .registry import register_scorer
+from .routing import Deps, RequestContext, register_scorer
+from .workers import Worker
 
 
 def rendezvous_weight(session: str, url: str) -> int:

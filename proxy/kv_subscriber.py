@@ -1,0 +1,68 @@
+"""One asyncio ZMQ SUB socket per worker that publishes KV events; each batch goes into that worker's index.
+
+Sequence numbers tell what was missed: a jump is counted (the index may keep a few stale hashes until later
+events remove them: routing is a hint, a wrong guess costs a recompute, never a wrong answer); a number that
+goes backwards means the engine restarted with an empty cache, so its index is cleared. vLLM's replay socket
+is not used: a SUB connects before the engine's first store, so it misses nothing at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import zmq
+import zmq.asyncio
+
+from .kv_events import EventDecodeError, decode_frames
+from .kv_index import KVIndex
+from .metrics import ProxyMetrics
+from .workers import Worker
+
+log = logging.getLogger("hybrid_pd.proxy")
+
+
+async def subscribe(ctx: zmq.asyncio.Context, worker: Worker, kv_index: KVIndex, metrics: ProxyMetrics) -> None:
+    """Apply `worker`'s KV events to kv_index until cancelled; survives anything but cancellation."""
+    while True:
+        try:
+            await _subscribe_once(ctx, worker, kv_index, metrics)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # top of a background loop: log, start over with a fresh socket
+            log.exception("KV-event subscription to %s failed; reconnecting", worker.events)
+            await asyncio.sleep(1.0)
+
+
+async def _subscribe_once(ctx: zmq.asyncio.Context, worker: Worker, kv_index: KVIndex,
+                          metrics: ProxyMetrics) -> None:
+    assert worker.events is not None
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(worker.events)
+    errors = 0
+    try:
+        while True:
+            frames = await sock.recv_multipart()
+            try:
+                seq, batch = decode_frames(frames)
+            except EventDecodeError as e:
+                errors += 1
+                metrics.kv_event_errors.labels(worker.url).inc()
+                if errors == 1 or errors % 1000 == 0:
+                    log.warning("KV events from %s (%s): %s (%d so far)", worker.url, worker.events, e, errors)
+                continue
+            index = kv_index.of(worker.url)
+            if 0 <= seq <= index.last_seq:
+                log.info("KV events from %s restarted at seq %d: clearing its index", worker.url, seq)
+                kv_index.drop(worker.url)
+                index = kv_index.of(worker.url)
+            before = index.gaps
+            index.note_seq(seq)
+            if index.gaps > before:
+                metrics.kv_event_gaps.labels(worker.url).inc(index.gaps - before)
+            index.apply(batch, kv_index.specs)
+            metrics.kv_events.labels(worker.url).inc()
+    finally:
+        sock.close(linger=0)
