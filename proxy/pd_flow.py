@@ -28,7 +28,7 @@ from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTime
 from .openai_api import OpenAIRequest
 from .relay import relay_json, relay_sse
 from .routing import RequestContext
-from .policy_kv_hit import hit_tokens
+from .routing.kv_hit import hit_tokens
 from .state import ProxyState
 from .usage import fix_usage, prefill_hit
 from .workers import Worker

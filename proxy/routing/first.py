@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .routing import Deps, RequestContext, register_picker
-from .workers import Worker
+from ..workers import Worker
+from .base import Deps, RequestContext
+from .registry import register_picker
 
 
 @register_picker("first")

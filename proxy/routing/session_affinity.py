@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from .routing import Deps, RequestContext, register_scorer
-from .workers import Worker
+from ..workers import Worker
+from .base import Deps, RequestContext
+from .registry import register_scorer
 
 
 def rendezvous_weight(session: str, url: str) -> int:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .routing import Deps, RequestContext, register_scorer
-from .workers import Worker
+from ..workers import Worker
+from .base import Deps, RequestContext
+from .registry import register_scorer
 
 
 @register_scorer("least_loaded")

@@ -1,0 +1,32 @@
+"""One role's routing: weighted scorers, then the picker, over the admitted workers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..config import Policy
+from ..errors import NoHealthyWorker
+from ..workers import Worker
+from .base import Deps, RequestContext
+from .registry import PICKERS, SCORERS
+
+
+class Router:
+    def __init__(self, role: str, policy: Policy, deps: Deps):
+        self.role = role
+        self.policy = policy
+        self.scorers = [(SCORERS[name](deps), weight) for name, weight in policy.scorers]
+        self.picker = PICKERS[policy.picker](deps)
+        self.total_weight = sum(weight for _, weight in policy.scorers) or 1.0
+
+    def scores(self, ctx: RequestContext, workers: Sequence[Worker]) -> list[float]:
+        total = [0.0] * len(workers)
+        for scorer, weight in self.scorers:
+            for i, s in enumerate(scorer.score(ctx, workers)):
+                total[i] += weight * min(1.0, max(0.0, s))
+        return [t / self.total_weight for t in total]
+
+    def pick(self, ctx: RequestContext, workers: Sequence[Worker]) -> Worker:
+        if not workers:
+            raise NoHealthyWorker(f"no healthy {self.role} worker is admitted")
+        return self.picker.pick(ctx, workers, self.scores(ctx, workers))
