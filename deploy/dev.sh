@@ -34,6 +34,7 @@ setup_env() {
   if [ "$(cat "$VENV/.hybrid-pd-deps" 2>/dev/null)" != "$stamp" ]; then
     install_deps
     echo "$stamp" > "$VENV/.hybrid-pd-deps"
+    rm -f "$VENV/.hybrid-pd-src"  # the install above put a plain copy of the project there: re-point it
   fi
   # The project itself: editable, from this clone (cheap; re-pointed whenever the clone moves).
   if [ "$(cat "$VENV/.hybrid-pd-src" 2>/dev/null)" != "$ROOT" ]; then

@@ -1,49 +1,27 @@
 """`hybrid-pd demo`: the whole system on its embedded default, on 127.0.0.1, then stopped.
 
 Builds (or finds) the tiny hybrid model, starts one prefill worker, one decode worker and the proxy through
-the same launchers a user runs, sends a chat request and a completion through the proxy, prints the answers,
-the cache hits and what the decoder pulled over NIXL, and stops every process it started by PID.
+the same launchers a user runs, sends a completion and a multi-turn chat through the proxy, prints the
+answers, TTFT/ITL, the cache hits and what the decoder pulled over NIXL, and stops every process it started.
+With `--reference`, a third, colocated engine answers the same requests and the report says whether PD's
+greedy output equals it. The GPU integration script (deploy/gpu/) runs this same code with `--device gpu`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from hybrid_pd.prefill.supervisor import ChildProcess
 from hybrid_pd.prefill.tiny_model import CACHE_ROOT
+from hybrid_pd.proxy.demo_workload import format_report, run_workload
 
-BIN = Path(sys.executable).parent
-TRANSFER_METRICS = {  # what the decoder's connector reports (vLLM's NIXL metrics), summed over labels
-    "bytes": "vllm:nixl_bytes_transferred_sum",
-    "descriptors": "vllm:nixl_num_descriptors_sum",
-    "transfers": "vllm:nixl_xfer_time_seconds_count",
-    "transfer_seconds": "vllm:nixl_xfer_time_seconds_sum",
-    "failed_transfers": "vllm:nixl_num_failed_transfers_total",
-}
-QUESTION = ("You are a helpful agent. The quick brown fox jumps over the lazy dog; the prefix cache keeps "
-            "the mamba state of every attention block. " * 12 + "Which engine decodes this request?")
-
-
-def post(url: str, body: dict, timeout: float = 300) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def transfer_metrics(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        lines = [ln for ln in r.read().decode().splitlines() if ln and not ln.startswith("#")]
-    out = {}
-    for key, name in TRANSFER_METRICS.items():
-        out[key] = sum(float(ln.rpartition(" ")[2]) for ln in lines
-                       if ln.split("{")[0].split(" ")[0] == name)
-    return out
+HYBRID_PD = [sys.executable, "-m", "hybrid_pd.proxy.cli"]  # works where console scripts were not installed
 
 
 class PeakMemory:
@@ -76,63 +54,84 @@ class PeakMemory:
         self._thread.join(5)
 
 
-def usage_line(resp: dict) -> str:
-    u = resp.get("usage") or {}
-    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return f"prompt {u.get('prompt_tokens')} tokens ({cached} from cache), completion {u.get('completion_tokens')}"
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="hybrid-pd demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--connector", default="upstream", choices=["hybrid", "upstream"])
+    ap.add_argument("--model", default="tiny", help="model for every worker ('tiny': the built-in one)")
+    ap.add_argument("--device", choices=["cpu", "gpu"], default=None, help="default: what vLLM is built for")
+    ap.add_argument("--prefill-gpu", default="0", help="CUDA_VISIBLE_DEVICES of the prefill worker")
+    ap.add_argument("--decode-gpu", default="1", help="CUDA_VISIBLE_DEVICES of the decode worker (and reference)")
+    ap.add_argument("--gpu-memory-utilization", default="0.4")
+    ap.add_argument("--reference", action="store_true", help="also run a colocated engine and compare outputs")
+    ap.add_argument("--base-port", type=int, default=18000, help="proxy port; workers use the next ones")
+    ap.add_argument("--logs", type=Path, default=CACHE_ROOT / "demo-logs")
+    ap.add_argument("--report", type=Path, default=None, help="write the report as JSON here")
+    ap.add_argument("--startup-timeout", type=float, default=900)
+    ap.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then extra vLLM flags for every worker")
+    return ap.parse_args(argv)
+
+
+def build_children(args: argparse.Namespace) -> list[ChildProcess]:
+    port = args.base_port
+    common = ["--model", args.model, "--max-model-len", "2048", "--max-num-seqs", "4"]
+    if args.device:
+        common += ["--device", args.device]
+    if args.device == "gpu":
+        common += ["--gpu-memory-utilization", args.gpu_memory_utilization]
+    extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
+    tail = ["--", *extra] if extra else []
+
+    def worker(name, role, offset, connector, core, gpu):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu) if args.device == "gpu" else None
+        argv = [*HYBRID_PD, role, "--connector", connector, "--port", str(port + offset),
+                "--side-channel-port", str(port + 10 + offset), "--kv-events-port", str(port + 20 + offset),
+                "--cpu-bind", core, *common, *tail]
+        return ChildProcess(name, argv, f"http://127.0.0.1:{port + offset}", env=env,
+                            log=open(args.logs / f"{name}.log", "w"))
+
+    children = [worker("prefill", "prefill", 1, args.connector, "0", args.prefill_gpu),
+                worker("decode", "decode", 2, args.connector, "1", args.decode_gpu)]
+    if args.reference:
+        children.append(worker("reference", "decode", 3, "none", "1", args.decode_gpu))
+    children.append(ChildProcess("proxy", [
+        *HYBRID_PD, "proxy", "--port", str(port), "--prefill", children[0].url, "--decode", children[1].url,
+        "--prefill-events", f"tcp://127.0.0.1:{port + 21}", "--decode-events", f"tcp://127.0.0.1:{port + 22}"],
+        f"http://127.0.0.1:{port}", log=open(args.logs / "proxy.log", "w")))
+    return children
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="hybrid-pd demo", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--connector", default="upstream", choices=["hybrid", "upstream"])
-    ap.add_argument("--base-port", type=int, default=18000, help="proxy port; workers use the next ones")
-    ap.add_argument("--logs", type=Path, default=CACHE_ROOT / "demo-logs")
-    ap.add_argument("--startup-timeout", type=float, default=900)
-    args = ap.parse_args(argv)
+    args = parse_args(argv)
     args.logs.mkdir(parents=True, exist_ok=True)
-    hp = str(BIN / "hybrid-pd")
-    port = args.base_port
-    worker_flags = ["--connector", args.connector, "--max-model-len", "2048", "--max-num-seqs", "4"]
-    children = [
-        ChildProcess("prefill", [hp, "prefill", "--port", str(port + 1), "--side-channel-port", str(port + 11),
-                                 "--kv-events-port", str(port + 21), "--cpu-bind", "0", *worker_flags],
-                     f"http://127.0.0.1:{port + 1}", log=open(args.logs / "prefill.log", "w")),
-        ChildProcess("decode", [hp, "decode", "--port", str(port + 2), "--side-channel-port", str(port + 12),
-                                "--kv-events-port", str(port + 22), "--cpu-bind", "1", *worker_flags],
-                     f"http://127.0.0.1:{port + 2}", log=open(args.logs / "decode.log", "w")),
-        ChildProcess("proxy", [hp, "proxy", "--port", str(port), "--prefill", f"http://127.0.0.1:{port + 1}",
-                               "--decode", f"http://127.0.0.1:{port + 2}",
-                               "--prefill-events", f"tcp://127.0.0.1:{port + 21}",
-                               "--decode-events", f"tcp://127.0.0.1:{port + 22}"],
-                     f"http://127.0.0.1:{port}", log=open(args.logs / "proxy.log", "w")),
-    ]
-    from hybrid_pd.prefill.tiny_model import build_tiny_model
-
     t0 = time.monotonic()
-    print(f"[demo] tiny hybrid model: {build_tiny_model()}", flush=True)
+    if args.model == "tiny":
+        from hybrid_pd.prefill.tiny_model import build_tiny_model
+
+        print(f"[demo] tiny hybrid model: {build_tiny_model()}", flush=True)
+    children = build_children(args)
+    by_name = {c.name: c for c in children}
+    served = "hybrid-pd-tiny" if args.model == "tiny" else args.model
     try:
         with PeakMemory() as mem:
-            for child in children:
-                child.start()
-            for child in children:
-                took = child.wait_healthy(args.startup_timeout)
-                print(f"[demo] {child.name} healthy at {child.url} (pid {child.pid}) after {took:.0f}s", flush=True)
-            proxy, decode = children[2].url, children[1].url
-            before = transfer_metrics(decode)
-            chat = post(proxy + "/v1/chat/completions", {
-                "model": "hybrid-pd-tiny", "max_tokens": 16, "temperature": 0,
-                "messages": [{"role": "user", "content": QUESTION}]})
-            print(f"[demo] chat answer: {chat['choices'][0]['message']['content']!r}\n       {usage_line(chat)}")
-            comp = post(proxy + "/v1/completions", {
-                "model": "hybrid-pd-tiny", "max_tokens": 16, "temperature": 0, "prompt": QUESTION})
-            print(f"[demo] completion: {comp['choices'][0]['text']!r}\n       {usage_line(comp)}")
-            after = transfer_metrics(decode)
-            moved = {k: after[k] - before[k] for k in after}
-            print(f"[demo] transferred P->D over NIXL ({args.connector} connector): {moved['bytes']:.0f} bytes in "
-                  f"{moved['transfers']:.0f} transfers, {moved['descriptors']:.0f} descriptors, "
-                  f"{moved['transfer_seconds'] * 1e3:.1f} ms, {moved['failed_transfers']:.0f} failed", flush=True)
-        print(f"[demo] peak memory of all processes: {mem.peak / 2**30:.2f} GiB; wall {time.monotonic() - t0:.0f}s")
-        return 0 if moved["bytes"] > 0 else 1
+            # Workers first (they load in parallel), the proxy once they answer, so it starts with all healthy.
+            for group in (children[:-1], children[-1:]):
+                for child in group:
+                    child.start()
+                for child in group:
+                    took = child.wait_healthy(args.startup_timeout)
+                    print(f"[demo] {child.name} healthy at {child.url} (pid {child.pid}) after {took:.0f}s",
+                          flush=True)
+            ref = by_name["reference"].url if args.reference else None
+            report = run_workload(by_name["proxy"].url, by_name["decode"].url, served, ref)
+        report |= {"connector": args.connector, "device": args.device or "default", "model": args.model,
+                   "peak_rss_gib": round(mem.peak / 2**30, 2), "wall_s": round(time.monotonic() - t0, 1)}
+        print(format_report(report))
+        print(f"[demo] peak memory of all processes: {report['peak_rss_gib']} GiB; wall {report['wall_s']}s")
+        if args.report:
+            args.report.write_text(json.dumps(report, indent=1))
+        ok = report["transfer"]["bytes"] > 0 and all(
+            r["matches_reference"] is not False and r["completion_tokens"] > 0 for r in report["requests"])
+        return 0 if ok else 1
     except Exception as e:  # noqa: BLE001  (top of the demo: say what broke and where the logs are)
         print(f"[demo] FAILED: {e}\n[demo] logs: {args.logs}", file=sys.stderr)
         return 1

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Toy two-GPU integration run: prefill worker on GPU 0, decode worker on GPU 1, the proxy, a colocated
+# reference engine (on GPU 1), a short multi-turn workload, greedy output compared with the reference, and a
+# report (TTFT, ITL, bytes moved, prefix-hit tokens). With one GPU, pass 0 0 to put everything on it.
+#   bash deploy/gpu/pd_two_gpu.sh REPORT_DIR [PREFILL_GPU] [DECODE_GPU] [MODEL] [CONNECTOR]
+# Needs hybrid-pd and vLLM importable (a venv, or PYTHONPATH from install_wheelhouse.sh).
+set -euo pipefail
+OUT=${1:?report folder}; GP=${2:-0}; GD=${3:-1}; MODEL=${4:-tiny}; CONNECTOR=${5:-hybrid}
+mkdir -p "$OUT"
+# Two engines (plus the reference) share a GPU when GP == GD: leave each a slice of its memory.
+UTIL=0.4; [ "$GP" = "$GD" ] && UTIL=0.25
+# NVLink multicast stays off on shared hosts.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+EXTRA=()
+if nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -qE "H100|H200|H800|GH200"; then
+  EXTRA=(-- --additional-config '{"gdn_prefill_backend":"triton"}')  # FlashInfer's GDN prefill needs CuTe DSL
+fi
+nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/gpus.txt" || true
+set +e
+python3 -m hybrid_pd.proxy.cli demo --device gpu --model "$MODEL" --connector "$CONNECTOR" \
+  --prefill-gpu "$GP" --decode-gpu "$GD" --gpu-memory-utilization "$UTIL" --reference \
+  --logs "$OUT/logs" --report "$OUT/report.json" "${EXTRA[@]}" 2>&1 | tee "$OUT/run.txt"
+code=${PIPESTATUS[0]}
+set -e
+echo "exit code $code" | tee -a "$OUT/run.txt"
+exit "$code"
