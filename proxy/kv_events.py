@@ -20,7 +20,7 @@ from .errors import UpstreamError
 BlockHashKey = bytes | int  # sha256 bytes, or an int with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1
 
 
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, tag=True):
+class KVCacheEvent(msgspec.Struct, tag=True):  # every field encoded: vLLM requires lora_id, medium, ...
     pass
 
 

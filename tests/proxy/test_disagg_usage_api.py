@@ -1,0 +1,76 @@
+"""Pure pieces of the flow: the disaggregation decision, the cached_tokens rule, request parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybrid_pd.proxy.config import DisaggConfig
+from hybrid_pd.proxy.disagg import decide
+from hybrid_pd.proxy.errors import BadRequest
+from hybrid_pd.proxy.openai_api import parse_request
+from hybrid_pd.proxy.usage import fix_usage, prefill_hit, whole_request_cached_tokens
+
+ARGS = dict(eligible=True, has_prefillers=True, prompt_chars=1000, prompt_tokens=400, decoder_hit=None)
+
+
+@pytest.mark.parametrize("cfg, changes, expected", [
+    (DisaggConfig(), {}, "remote"),
+    (DisaggConfig(enabled=False), {}, "local_disabled"),
+    (DisaggConfig(), {"eligible": False}, "local_ineligible"),
+    (DisaggConfig(), {"has_prefillers": False}, "local_no_prefiller"),
+    (DisaggConfig(min_prompt_tokens=401), {}, "local_short"),
+    (DisaggConfig(min_prompt_tokens=400), {}, "remote"),
+    (DisaggConfig(min_prompt_chars=2000), {}, "remote"),  # tokens known: characters do not decide
+    (DisaggConfig(min_prompt_chars=2000), {"prompt_tokens": None}, "local_short"),
+    (DisaggConfig(decoder_hit_ratio=0.75), {"decoder_hit": 300}, "local_decoder_hit"),
+    (DisaggConfig(decoder_hit_ratio=0.75), {"decoder_hit": 299}, "remote"),
+])
+def test_decide(cfg, changes, expected):
+    assert decide(cfg, **{**ARGS, **changes}) == expected
+
+
+def test_cached_tokens_rule():
+    assert whole_request_cached_tokens(256, 512, 700) == 512  # D's own prefix is longer
+    assert whole_request_cached_tokens(512, 256, 700) == 512  # P's is
+    assert whole_request_cached_tokens(None, None, 700) == 0
+    assert whole_request_cached_tokens(900, 0, 700) == 700
+    resp = {"usage": {"prompt_tokens": 700, "prompt_tokens_details": {"cached_tokens": 699}}}
+    assert fix_usage(resp, 256, None) == 256 and resp["usage"]["prompt_tokens_details"]["cached_tokens"] == 256
+    assert fix_usage({"usage": {"prompt_tokens": 3}}, 1, 1) is None  # no details: nothing invented
+    assert prefill_hit({"usage": {"prompt_tokens_details": {"cached_tokens": 5}}}) == 5
+    assert prefill_hit({"kv_transfer_params": {"remote_prefill_cached_tokens": 6}}) == 6
+    assert prefill_hit({"usage": {}}) is None
+
+
+def test_prefill_and_decode_bodies():
+    req = parse_request("completions", b'{"prompt": "abc", "stream": true, "stream_options": {"include_usage": true},'
+                                       b' "min_tokens": 3, "n": 1, "echo": true, "add_special_tokens": false}')
+    assert req.stream and req.include_usage and req.single_prompt
+    assert req.tokenize_body() == {"prompt": "abc", "add_special_tokens": False}
+    req.token_ids = [1, 2, 3]
+    p = req.prefill_body(forward_token_ids=True)
+    assert p["prompt"] == [1, 2, 3] and p["max_tokens"] == 1 and p["stream"] is False
+    assert not {"min_tokens", "n", "echo", "stream_options", "add_special_tokens"} & set(p)
+    d = req.decode_body({"x": 1}, forward_token_ids=False)
+    assert d["prompt"] == "abc" and d["kv_transfer_params"] == {"x": 1} and d["min_tokens"] == 3
+
+
+@pytest.mark.parametrize("endpoint, raw, single", [
+    ("completions", b'{"prompt": [1, 2, 3]}', True),
+    ("completions", b'{"prompt": [[1, 2], [3]]}', False),
+    ("completions", b'{"prompt": ["a"]}', True),
+    ("completions", b'{"prompt": "a", "n": 2}', False),
+    ("completions", b'{"prompt": "a", "best_of": 3}', False),
+    ("chat", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "hey"}]}]}', True),
+])
+def test_prompt_shapes(endpoint, raw, single):
+    assert parse_request(endpoint, raw).single_prompt is single
+
+
+@pytest.mark.parametrize("raw, param", [(b'{"prompt": "a", "n": true}', "n"), (b'{"prompt": {}}', "prompt"),
+                                        (b'{"messages": [1]}', "messages"), (b'{"prompt": "a", "user": 1}', "user")])
+def test_wrong_types_name_the_param(raw, param):
+    endpoint = "chat" if b"messages" in raw else "completions"
+    with pytest.raises(BadRequest) as e:
+        parse_request(endpoint, raw)
+    assert e.value.param == param and e.value.status == 400
