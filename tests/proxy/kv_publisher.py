@@ -38,7 +38,7 @@ class FakePublisher:
 
     async def delivered(self, index: KVIndex, url: str, seq: int, timeout: float = 5.0) -> None:
         async def until() -> None:
-            while index.workers[url].last_seq < seq:
+            while url not in index.workers or index.workers[url].last_seq != seq:
                 await asyncio.sleep(0.005)
         await asyncio.wait_for(until(), timeout)
 
