@@ -1,1 +1,16 @@
-"""OpenAI-compatible PD routing proxy."""
+"""OpenAI-compatible PD routing proxy (`hybrid-pd proxy`): decode-first, cache- and hybrid-aware.
+
+    server.py            main(argv): flags/env/file -> ProxyConfig, uvloop, SIGTERM/SIGINT
+    config.py            the frozen, validated ProxyConfig;  config_sources.py: CLI < env < JSON file
+    app.py               aiohttp routes, the error boundary, build_app(config), serve_in_background(config)
+    pd_flow.py           one request: tokenize -> decoder -> remote prefill or not -> decode, fallbacks
+    openai_api.py        request parsing/type checks; the prefill and decode bodies
+    relay.py / usage.py  copy D's JSON or SSE to the client; the whole-request cached_tokens rule
+    upstream.py          pooled aiohttp client; aiohttp/asyncio errors -> errors.py at this one boundary
+    routing/             scorer and picker plugins by name, composed per role by config
+    kv_events.py         vLLM KV events on the wire;  kv_subscriber.py: one ZMQ SUB per worker
+    kv_index.py          per-worker block hashes per KV-cache group; the usable hybrid hit
+    block_hash.py        vLLM's prefix-cache block hashes, reproduced without vLLM
+    disagg.py            remote prefill or not (short prompt, decoder already holds it)
+    workers.py, health.py, discovery_k8s.py, admission.py, metrics.py, background.py, state.py
+"""

@@ -32,8 +32,8 @@ class ProxyMetrics:
                                   "own hit), decoder_local (index estimate on D), reported_cached (to clients)",
                                   ["kind"], registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of answered requests", registry=r)
-        self.abandoned_prefills = Counter(P + "abandoned_prefills", "Clients gone while P computed; P's blocks "
-                                          "are freed by its own lease", registry=r)
+        self.abandoned_prefills = Counter(P + "abandoned_prefills", "P calls left to finish alone (client gone "
+                                          "or total timeout); P's blocks are freed by its own lease", registry=r)
         self.in_flight = Gauge(P + "in_flight", "Requests being served", registry=r)
         self.queued = Gauge(P + "queued", "Requests waiting for a slot", registry=r)
         self.worker_healthy = Gauge(P + "worker_healthy", "1 admitted, 0 ejected", ["role", "worker"], registry=r)

@@ -167,6 +167,23 @@ def test_client_disconnect_during_prefill_lets_prefill_finish():
     run(body())
 
 
+def test_client_disconnect_aborts_a_whole_json_decode():
+    async def body():
+        async with cluster() as c:
+            c.d.hang = True
+            s = aiohttp.ClientSession()
+            task = asyncio.create_task(s.post(c.url + "/v1/chat/completions",
+                                              json={"messages": [{"role": "user", "content": "hi"}]}))
+            await asyncio.wait_for(c.d.received.wait(), 5)
+            task.cancel()
+            await s.close()
+            await asyncio.wait_for(c.d.client_gone.wait(), 5)  # the proxy closed D's connection
+            await asyncio.wait_for(_until(lambda: metric_value(
+                metrics(c), "hybrid_pd_proxy_errors_total", kind="client_disconnect") == 1), 5)
+            assert c.state.admission.active == 0 and c.state.pool.all("decode")[0].in_flight == 0
+    run(body())
+
+
 async def _until(cond) -> None:
     while not cond():
         await asyncio.sleep(0.01)
