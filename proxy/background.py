@@ -23,6 +23,7 @@ class Background:
         self.state = state
         self.tasks: list[asyncio.Task] = []
         self.subscriptions: dict[Worker, asyncio.Task] = {}
+        self.retired: list[asyncio.Task] = []  # cancelled with their worker; awaited at stop (sockets close)
         self._zmq: zmq.asyncio.Context | None = None
 
     async def start(self) -> None:
@@ -38,7 +39,7 @@ class Background:
             self.tasks.append(asyncio.create_task(discovery_loop(s), name="k8s-discovery"))
 
     async def stop(self) -> None:
-        tasks = self.tasks + list(self.subscriptions.values())
+        tasks = self.tasks + list(self.subscriptions.values()) + self.retired
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -46,6 +47,7 @@ class Background:
                 await t
         self.tasks.clear()
         self.subscriptions.clear()
+        self.retired.clear()
         if self._zmq is not None:
             self._zmq.term()
             self._zmq = None
@@ -57,6 +59,7 @@ class Background:
             task = self.subscriptions.pop(w, None)
             if task is not None:
                 task.cancel()
+                self.retired = [t for t in self.retired if not t.done()] + [task]
             self.state.kv_index.drop(w.url)
             with contextlib.suppress(KeyError):
                 self.state.metrics.worker_healthy.remove(w.role, w.url)

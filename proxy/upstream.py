@@ -73,10 +73,13 @@ class Upstream:
         async with self._mapped(base, stage, first_byte_timeout):
             resp = await self.session.post(base + path, data=_encoder.encode(body),
                                            headers={**JSON_HEADERS, **(headers or {})})
-            if resp.status >= 400:
-                raw = await resp.read()
-                resp.release()
-                self._decode(resp.status, raw, base, stage)
+            try:
+                if resp.status >= 400:
+                    raw = await resp.read()
+                    self._decode(resp.status, raw, base, stage)
+            except BaseException:
+                resp.close()
+                raise
         try:
             yield resp
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:

@@ -133,3 +133,21 @@ def test_removed_blocks_and_restarts_update_the_index():
             m = proxy.state.metrics.render().decode()
             assert metric_value(m, "hybrid_pd_proxy_kv_event_errors_total", worker=d2.url) == 1
     run(body())
+
+
+def test_a_removed_worker_loses_its_subscription_and_index():
+    async def body():
+        from hybrid_pd.proxy.config import WorkerSpec
+
+        async with kv_cluster() as (proxy, p, d1, d2, pubs):
+            state = proxy.state
+            assert d2.url in state.kv_index.workers
+            state.pool.set_workers("decode", [WorkerSpec(d1.url, pubs[1].endpoint)])
+            assert d2.url not in state.kv_index.workers
+            seq = await pubs[1].send(KVEventBatch(0.0, [stored(HASHES[:1], 0, "full_attention")]))
+            await pubs[1].delivered(state.kv_index, d1.url, seq)  # the kept worker still streams
+            await pubs[2].send(KVEventBatch(0.0, [stored(HASHES[:1], 0, "full_attention")]))
+            state.pool.set_workers("decode", [WorkerSpec(d1.url, pubs[1].endpoint),
+                                              WorkerSpec(d2.url, pubs[2].endpoint)])
+            await pubs[2].connected(state.kv_index, d2.url)  # a returning worker is subscribed again
+    run(body())
