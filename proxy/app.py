@@ -60,7 +60,8 @@ def build_app(config: ProxyConfig) -> web.Application:
         counts = {role: len(state.pool.admitted(role)) for role in ("prefill", "decode")}
         ok = counts["decode"] > 0
         body = {"status": "ok" if ok else "no healthy decode worker", "admitted": counts,
-                "ejected": [w.url for w in state.pool.all() if not w.healthy]}
+                "ejected": [w.url for w in state.pool.all() if not w.healthy],
+                "kv_hashes_verified": state.kv_index.hashes_verified}
         return web.Response(body=_encoder.encode(body), status=200 if ok else 503, content_type="application/json")
 
     async def metrics(request: web.Request) -> web.Response:

@@ -19,16 +19,19 @@ Only the GPU (device) tier counts; offload tiers (medium CPU/STORAGE) are not wh
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .block_hash import as_int_hash
+from .hash_check import hash_granularity
 from .kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 MAMBA_KIND = "mamba"
 DEVICE_MEDIA = frozenset({None, "GPU"})
+log = logging.getLogger("hybrid_pd.proxy")
 
 
 @dataclass
@@ -112,11 +115,15 @@ def usable_hit_tokens(worker: WorkerKVIndex, specs: dict[int, GroupSpec], num_to
 
 
 class KVIndex:
-    """Per-worker indexes keyed by worker URL, and the KV-cache groups learned from all of them."""
+    """Per-worker indexes keyed by worker URL, the KV-cache groups learned from all of them, and whether the
+    proxy's hashing reproduces theirs (hash_check.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, algo: str = "sha256", seed: str = "vllm-none-hash") -> None:
         self.workers: dict[str, WorkerKVIndex] = {}
         self.specs: dict[int, GroupSpec] = {}
+        self.algo, self.seed = algo, seed
+        self.hashes_verified: bool | None = None  # None: no event could tell yet
+        self.detected_hash_block_size = 0
 
     def of(self, url: str) -> WorkerKVIndex:
         idx = self.workers.get(url)
@@ -125,7 +132,26 @@ class KVIndex:
         return idx
 
     def apply(self, url: str, batch: KVEventBatch) -> None:
+        if not self.hashes_verified:
+            self._verify(url, batch)
         self.of(url).apply(batch, self.specs)
+
+    def _verify(self, url: str, batch: KVEventBatch) -> None:
+        for ev in batch.events:
+            if not isinstance(ev, BlockStored) or ev.medium not in DEVICE_MEDIA:
+                continue
+            g = hash_granularity(ev, self.algo, self.seed)
+            if g is None:
+                if self.hashes_verified is None:
+                    log.warning("KV events of %s carry block hashes this proxy cannot reproduce with "
+                                "--kv-hash-algo %s --kv-hash-seed %r: kv_hit routing will find no hits; set them "
+                                "to the workers' --prefix-caching-hash-algo and PYTHONHASHSEED", url, self.algo,
+                                self.seed)
+                self.hashes_verified = False
+                return
+            if g:
+                self.hashes_verified, self.detected_hash_block_size = True, g
+                return
 
     def drop(self, url: str) -> None:
         self.workers.pop(url, None)
@@ -135,4 +161,5 @@ class KVIndex:
         worker = self.workers.get(url)
         if worker is None or num_tokens < 2:
             return 0
-        return usable_hit_tokens(worker, self.specs, num_tokens, hashes_for, configured_hash_block_size)
+        return usable_hit_tokens(worker, self.specs, num_tokens, hashes_for,
+                                 configured_hash_block_size or self.detected_hash_block_size)

@@ -62,7 +62,7 @@ async def _subscribe_once(ctx: zmq.asyncio.Context, worker: Worker, kv_index: KV
             index.note_seq(seq)
             if index.gaps > before:
                 metrics.kv_event_gaps.labels(worker.url).inc(index.gaps - before)
-            index.apply(batch, kv_index.specs)
+            kv_index.apply(worker.url, batch)
             metrics.kv_events.labels(worker.url).inc()
     finally:
         sock.close(linger=0)
