@@ -188,14 +188,19 @@ class ProxyConfig:
             v = o.get(name)
             return default if v is None else v
 
+        # With KV events to read (named endpoints, or Kubernetes ports named kv-events), route by cache hit
+        # first and load second; without them, by load alone.
+        has_events = bool(o.get("prefill_events") or o.get("decode_events")) or get("discovery", "static") == "k8s"
+        default_policy = "kv_hit=2,least_loaded" if has_events else "least_loaded"
+
         return cls(
             host=get("host", "127.0.0.1"), port=int(get("port", 8000)),
             prefill=workers("prefill"), decode=workers("decode"),
             discovery=get("discovery", "static"),
             k8s=K8sConfig(**{k: get(f"k8s_{k}", v) for k, v in vars(K8sConfig()).items()}),
             routing=RoutingConfig(
-                decode=Policy(parse_policy(get("decode_policy", "least_loaded")), get("decode_picker", "round_robin")),
-                prefill=Policy(parse_policy(get("prefill_policy", "least_loaded")),
+                decode=Policy(parse_policy(get("decode_policy", default_policy)), get("decode_picker", "round_robin")),
+                prefill=Policy(parse_policy(get("prefill_policy", default_policy)),
                                get("prefill_picker", "round_robin")),
                 session_header=str(get("session_header", "x-session-id")).lower()),
             kv=KVIndexConfig(hash_algo=get("kv_hash_algo", "sha256"),

@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument(f"--k8s-{name}", help=text)
     g.add_argument("--k8s-poll-interval-s", type=float, help="seconds between discovery polls")
     r = p.add_argument_group("routing")
-    r.add_argument("--decode-policy", help="weighted scorers for decoders, e.g. 'kv_hit=2,least_loaded' "
-                   "(known: round_robin via picker, least_loaded, session_affinity, kv_hit; 'none')")
+    r.add_argument("--decode-policy", help="weighted scorers for decoders, e.g. 'session_affinity=4,kv_hit=2,"
+                   "least_loaded' (scorers: least_loaded, session_affinity, kv_hit; 'none': the picker alone). "
+                   "Default: kv_hit=2,least_loaded with KV events (--*-events or k8s), else least_loaded")
     r.add_argument("--prefill-policy", help="weighted scorers for prefillers (same syntax)")
     r.add_argument("--decode-picker", help="picker among the best scores: round_robin (default) or first")
     r.add_argument("--prefill-picker", help="picker for prefillers")

@@ -82,3 +82,13 @@ def test_parse_policy_forms():
 def test_defaults_are_valid():
     c = ProxyConfig(decode=(WorkerSpec("http://d:1"),))
     assert c.routing.decode.picker == "round_robin" and not c.tokenize
+
+
+def test_default_policy_uses_kv_events_when_there_are_some():
+    plain = load_config(D, env={})
+    assert plain.routing.decode.scorers == (("least_loaded", 1.0),) and not plain.tokenize
+    with_events = load_config(D + ["--decode-events", "tcp://127.0.0.1:5"], env={})
+    assert with_events.routing.decode.scorers == with_events.routing.prefill.scorers == (
+        ("kv_hit", 2.0), ("least_loaded", 1.0))
+    explicit = load_config(D + ["--decode-events", "tcp://127.0.0.1:5", "--decode-policy", "none"], env={})
+    assert explicit.routing.decode.scorers == () and explicit.routing.prefill.uses("kv_hit")
