@@ -26,12 +26,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Literal
 
+from hybrid_pd.connector.errors import PlanError
+
 GroupKind = Literal["attention", "mamba"]
 NULL_BLOCK = 0
-
-
-class PlanError(ValueError):
-    """P's and D's block lists cannot describe the transfer (a bug or a peer with another layout)."""
 
 
 def cdiv(a: int, b: int) -> int:

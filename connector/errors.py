@@ -1,0 +1,53 @@
+"""Every error the connector raises, as one tree; foreign errors are mapped at one boundary each.
+
+    ConnectorError
+    ├── ConfigurationError      start-up check failed (e.g. conv-state layout is not DS)
+    ├── ProtocolError           a wire message we cannot use
+    │   ├── BadTransferParams   kv_transfer_params in a request are malformed
+    │   └── IncompatiblePeer    handshake: other protocol version or KV layout (says what differs)
+    ├── PlanError               P's and D's block lists cannot describe the transfer
+    └── TransportError          NIXL / ZMQ failed (mapped in transport.py and side_channel.py only)
+        ├── HandshakeError      the peer's side channel did not answer
+        └── TransferTimeout     a READ passed its deadline
+
+The worker never lets one of these escape into vLLM for a single request: it logs it and reports the
+request as a failed load (vLLM then recomputes it, `kv_load_failure_policy: recompute`).
+"""
+
+from __future__ import annotations
+
+
+class ConnectorError(Exception):
+    """Base of every hybrid-pd connector error."""
+
+
+class ConfigurationError(ConnectorError):
+    pass
+
+
+class ProtocolError(ConnectorError):
+    pass
+
+
+class BadTransferParams(ProtocolError):
+    pass
+
+
+class IncompatiblePeer(ProtocolError):
+    pass
+
+
+class PlanError(ConnectorError, ValueError):
+    pass
+
+
+class TransportError(ConnectorError):
+    pass
+
+
+class HandshakeError(TransportError):
+    pass
+
+
+class TransferTimeout(TransportError):
+    pass

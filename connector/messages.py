@@ -1,0 +1,157 @@
+"""Wire messages: the handshake, the kv_transfer_params P returns, and D's notifications to P.
+
+All are msgspec Structs carrying `PROTOCOL_VERSION`. `Handshake.check_compatible` and the decoders fail
+with `IncompatiblePeer` / `BadTransferParams` and a message saying what differs, never with a bare
+msgspec error.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from hybrid_pd.connector.errors import BadTransferParams, IncompatiblePeer, ProtocolError
+
+PROTOCOL_VERSION = 1
+
+
+class Region(msgspec.Struct, frozen=True):
+    """One layer's blocks in memory: block `b` lives at `base + b * stride`, `length` bytes of it move."""
+
+    layer: str
+    group: int
+    base: int
+    stride: int
+    length: int
+    num_blocks: int
+
+    @property
+    def blocks_abut(self) -> bool:
+        return self.length == self.stride
+
+
+class Handshake(msgspec.Struct, frozen=True):
+    """What a worker tells a peer that asks on its side channel."""
+
+    version: int
+    engine_id: str
+    tp_rank: int
+    agent_name: str
+    agent_metadata: bytes
+    group_kinds: list[str]
+    block_sizes: list[int]
+    regions: list[Region]
+    mem_type: str = "DRAM"
+
+    def check_compatible(self, local: "Handshake") -> None:
+        """Raise IncompatiblePeer unless this (remote) handshake can feed `local` block for block."""
+        problems = []
+        if self.version != local.version:
+            problems.append(f"protocol version {self.version} != ours {local.version} (upgrade both sides)")
+        if self.group_kinds != local.group_kinds:
+            problems.append(f"KV-cache groups {self.group_kinds} != ours {local.group_kinds}")
+        if self.block_sizes != local.block_sizes:
+            problems.append(f"block sizes {self.block_sizes} != ours {local.block_sizes} (heterogeneous "
+                            "block sizes are not supported: start both with the same --block-size)")
+        ours = {r.layer: r for r in local.regions}
+        theirs = {r.layer: r for r in self.regions}
+        if set(ours) != set(theirs):
+            problems.append(f"layers differ: only remote {sorted(set(theirs) - set(ours))[:4]}, only local "
+                            f"{sorted(set(ours) - set(theirs))[:4]}")
+        for name in sorted(set(ours) & set(theirs)):
+            if (ours[name].length, ours[name].group) != (theirs[name].length, theirs[name].group):
+                problems.append(f"layer {name}: remote moves {theirs[name].length} B per block in group "
+                                f"{theirs[name].group}, we {ours[name].length} B in group {ours[name].group} "
+                                "(other model, dtype, TP size or conv-state layout)")
+                break
+        if problems:
+            raise IncompatiblePeer(f"prefiller {self.engine_id} (rank {self.tp_rank}) cannot feed this "
+                                   "decoder: " + "; ".join(problems))
+
+
+class CheckpointRef(msgspec.Struct, frozen=True):
+    """An aligned Mamba state P pinned for D: block `block` of group `group`, state after `tokens` tokens."""
+
+    group: int
+    block: int
+    tokens: int
+
+
+class RemotePrefill(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """The kv_transfer_params P returns (and D receives with the request)."""
+
+    remote_engine_id: str
+    remote_request_id: str
+    remote_host: str
+    remote_port: int
+    remote_block_ids: list[list[int]]
+    remote_num_tokens: int
+    lease_s: float
+    checkpoints: list[CheckpointRef] = []
+    do_remote_prefill: bool = True
+    do_remote_decode: bool = False
+    hybrid_pd_version: int = PROTOCOL_VERSION
+
+    def to_params(self) -> dict:
+        return msgspec.to_builtins(self)
+
+
+def parse_remote_prefill(params: dict) -> RemotePrefill:
+    """D side: the kv_transfer_params of a request, validated (BadTransferParams if unusable)."""
+    version = params.get("hybrid_pd_version")
+    if version != PROTOCOL_VERSION:
+        raise BadTransferParams(f"kv_transfer_params of protocol version {version!r}, this decoder speaks "
+                                f"{PROTOCOL_VERSION}: was the prefiller started with --connector hybrid?")
+    try:
+        return msgspec.convert(params, RemotePrefill)
+    except msgspec.ValidationError as e:
+        raise BadTransferParams(f"malformed kv_transfer_params: {e}") from None
+
+
+class Notification(msgspec.Struct, frozen=True, tag_field="kind"):
+    """D -> P over NIXL notifications: the request's blocks may be freed."""
+
+    request_id: str
+    version: int = PROTOCOL_VERSION
+
+
+class Done(Notification, tag="done"):
+    """D read everything it needed."""
+
+
+class Rejected(Notification, tag="rejected"):
+    """D will not read (failed, aborted, or held the prefix itself)."""
+
+    reason: str = ""
+
+
+_notif_decoder = msgspec.msgpack.Decoder(Done | Rejected)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_notification(data: bytes) -> Done | Rejected:
+    try:
+        msg = _notif_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ProtocolError(f"unreadable notification {data[:40]!r}: {e}") from None
+    if msg.version != PROTOCOL_VERSION:
+        raise ProtocolError(f"notification of protocol version {msg.version}, we speak {PROTOCOL_VERSION}")
+    return msg
+
+
+def decode_handshake(data: bytes) -> Handshake:
+    try:
+        version = msgspec.msgpack.decode(data, type=dict).get("version")
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise IncompatiblePeer(f"unreadable handshake ({len(data)} B): {e}") from None
+    if version != PROTOCOL_VERSION:
+        raise IncompatiblePeer(f"peer speaks hybrid-pd protocol version {version!r}, we speak "
+                               f"{PROTOCOL_VERSION}: run the same hybrid-pd release on prefill and decode")
+    try:
+        return msgspec.msgpack.decode(data, type=Handshake)
+    except msgspec.ValidationError as e:
+        raise IncompatiblePeer(f"handshake of version {version} does not match ours: {e}") from None
+
