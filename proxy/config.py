@@ -21,7 +21,7 @@ DEFAULT_NONE_HASH_SEED = "vllm-none-hash"  # vllm/v1/core/kv_cache_utils.py DEFA
 @dataclass(frozen=True)
 class WorkerSpec:
     url: str  # http://host:port, no trailing slash
-    events: str | None = None  # tcp://host:port of the worker's vLLM KV-event PUB socket
+    events: str | None = None  # the worker's vLLM KV-event endpoint, [bind:|connect:]tcp://host:port
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,9 @@ class ProxyConfig:
                 u = urlparse(spec.url)
                 if u.scheme not in ("http", "https") or not u.hostname:
                     out.append(f"{flag} {spec.url!r} is not an http(s)://host:port URL")
-                if spec.events is not None and not spec.events.startswith(("tcp://", "ipc://", "inproc://")):
-                    out.append(f"{flag}-events {spec.events!r} is not a ZMQ endpoint (tcp://host:port)")
+                ev = (spec.events or "").removeprefix("bind:").removeprefix("connect:")
+                if spec.events is not None and not ev.startswith(("tcp://", "ipc://", "inproc://")):
+                    out.append(f"{flag}-events {spec.events!r} is not a ZMQ endpoint ([bind:|connect:]tcp://host:port)")
         for flag, pol in (("--decode-policy", self.routing.decode), ("--prefill-policy", self.routing.prefill)):
             for name, weight in pol.scorers:
                 if name not in SCORERS:

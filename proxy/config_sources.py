@@ -32,9 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefill", action="append", metavar="URL", help="prefill worker base URL (repeatable)")
     g.add_argument("--decode", action="append", metavar="URL", help="decode worker base URL (repeatable)")
     g.add_argument("--prefill-events", action="append", metavar="ZMQ",
-                   help="tcp://host:port of each prefill worker's KV events, same order as --prefill")
+                   help="each prefill worker's KV-event endpoint, same order as --prefill: tcp://host:port; "
+                   "a loopback one is bound by the proxy (vLLM connects to it unless its endpoint is tcp://*:port), "
+                   "others are connected to; force with a bind: or connect: prefix")
     g.add_argument("--decode-events", action="append", metavar="ZMQ",
-                   help="tcp://host:port of each decode worker's KV events, same order as --decode")
+                   help="each decode worker's KV-event endpoint, same order as --decode (as --prefill-events)")
     g.add_argument("--discovery", choices=["static", "k8s"], help="static list (default) or Kubernetes")
     for name, text in (("api-url", "Kubernetes API URL (default: in-cluster)"), ("namespace", "namespace"),
                        ("prefill-selector", "label selector of prefill Services"),

@@ -53,12 +53,16 @@ class WorkerKVIndex:
         """Apply one batch; learns each group's kind and block size into `specs` (shared by all workers)."""
         for ev in batch.events:
             if isinstance(ev, BlockStored):
-                if ev.medium not in DEVICE_MEDIA or not ev.block_hashes:
+                if ev.medium not in DEVICE_MEDIA:
                     continue
                 gid = ev.group_idx or 0
                 spec = specs.get(gid)
                 if spec is None or (ev.kv_cache_spec_kind and spec.kind != ev.kv_cache_spec_kind):
+                    # learned even from an empty store: align mode announces a Mamba group with no checkpoint
+                    # kept on a prompt's first pass, and that group must still block attention-only "hits"
                     specs[gid] = GroupSpec(ev.kv_cache_spec_kind or "full_attention", ev.block_size)
+                if not ev.block_hashes:
+                    continue
                 self.int_hashes = isinstance(ev.block_hashes[0], int)
                 self.hashes.setdefault(gid, set()).update(ev.block_hashes)
             elif isinstance(ev, BlockRemoved):

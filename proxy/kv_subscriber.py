@@ -4,6 +4,12 @@ Sequence numbers tell what was missed: a jump is counted (the index may keep a f
 events remove them: routing is a hint, a wrong guess costs a recompute, never a wrong answer); a number that
 goes backwards means the engine restarted with an empty cache, so its index is cleared. vLLM's replay socket
 is not used: a SUB connects before the engine's first store, so it misses nothing at start.
+
+Who binds: vLLM's publisher binds only a wildcard (tcp://*:port), ipc or inproc endpoint and CONNECTS to any
+other, so a worker started with a concrete host (127.0.0.1, as `hybrid-pd prefill|decode` do on one machine)
+expects its subscriber to bind. Hence, per endpoint: `bind:tcp://...` binds, `connect:tcp://...` connects, and a
+plain loopback endpoint binds (falling back to connect when the worker bound it already) while any other
+connects (a pod IP in Kubernetes, where workers listen on 0.0.0.0, i.e. tcp://*:port).
 """
 
 from __future__ import annotations
@@ -20,6 +26,17 @@ from .metrics import ProxyMetrics
 from .workers import Worker
 
 log = logging.getLogger("hybrid_pd.proxy")
+
+
+LOOPBACK_PREFIXES = ("tcp://127.", "tcp://localhost:", "tcp://[::1]:")
+
+
+def endpoint_mode(events: str) -> tuple[str, str]:
+    """('bind' | 'connect', the ZMQ endpoint) for an events endpoint as configured."""
+    for mode in ("bind", "connect"):
+        if events.startswith(mode + ":"):
+            return mode, events[len(mode) + 1:]
+    return ("bind" if events.startswith(LOOPBACK_PREFIXES) else "connect"), events
 
 
 async def subscribe(ctx: zmq.asyncio.Context, worker: Worker, kv_index: KVIndex, metrics: ProxyMetrics) -> None:
@@ -40,7 +57,16 @@ async def _subscribe_once(ctx: zmq.asyncio.Context, worker: Worker, kv_index: KV
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
-    sock.connect(worker.events)
+    mode, endpoint = endpoint_mode(worker.events)
+    if mode == "bind":
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EADDRINUSE or worker.events.startswith("bind:"):
+                raise
+            sock.connect(endpoint)  # the worker's publisher bound it (a wildcard endpoint): connect instead
+    else:
+        sock.connect(endpoint)
     errors = 0
     try:
         while True:

@@ -90,3 +90,10 @@ def test_sequence_gaps():
     for seq in (0, 1, 4, 5, 9):
         idx.note_seq(seq)
     assert idx.gaps == 5 and idx.last_seq == 9
+
+
+def test_an_empty_mamba_store_still_declares_the_group():
+    # what a real engine in align mode sends on a prompt's first pass: attention blocks, no Mamba checkpoint
+    idx = index(stored([], 0, "mamba"), stored(H4[:2], 1, "full_attention"))
+    assert idx.specs[0].kind == "mamba"
+    assert hit(idx) == 0

@@ -151,3 +151,43 @@ def test_a_removed_worker_loses_its_subscription_and_index():
                                               WorkerSpec(d2.url, pubs[2].endpoint)])
             await pubs[2].connected(state.kv_index, d2.url)  # a returning worker is subscribed again
     run(body())
+
+
+def test_endpoint_modes():
+    from hybrid_pd.proxy.kv_subscriber import endpoint_mode
+
+    assert endpoint_mode("tcp://127.0.0.1:5700") == ("bind", "tcp://127.0.0.1:5700")
+    assert endpoint_mode("tcp://10.1.2.3:5700") == ("connect", "tcp://10.1.2.3:5700")
+    assert endpoint_mode("connect:tcp://127.0.0.1:5700") == ("connect", "tcp://127.0.0.1:5700")
+    assert endpoint_mode("bind:tcp://0.0.0.0:5700") == ("bind", "tcp://0.0.0.0:5700")
+
+
+def test_proxy_binds_for_a_publisher_that_connects():
+    """What vLLM does for an endpoint with a concrete host (the launchers' 127.0.0.1): its PUB connects."""
+    async def body():
+        import zmq
+        import zmq.asyncio
+
+        from hybrid_pd.proxy.app import serve_in_background
+        from hybrid_pd.proxy.config import ProxyConfig
+        from tests.support.procs import free_port
+
+        d = FakeWorker("decode")
+        await d.start()
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.connect(endpoint)  # before the proxy listens: ZMQ keeps retrying
+        try:
+            config = ProxyConfig.from_flat({"port": 0, "health_interval": 0, "decode": [d.url],
+                                            "decode_events": [endpoint]})
+            async with serve_in_background(config) as proxy:
+                publisher = FakePublisher.__new__(FakePublisher)
+                publisher.sock, publisher.seq = pub, 0
+                await publisher.connected(proxy.state.kv_index, d.url)
+        finally:
+            pub.close(0)
+            ctx.term()
+            await d.stop()
+    run(body())

@@ -43,6 +43,10 @@ def text(n_words: int, salt: int) -> str:
 
 
 def test_index_predicts_the_engine_prefix_hit(engine):
+    """Three passes of one prompt. vLLM's align mode keeps no Mamba checkpoint on a prompt's first pass (its
+    events announce the Mamba group with no hashes), so pass 2 hits nothing although the attention blocks are
+    there; pass 2 keeps the checkpoint, and pass 3 hits (n - 1) // 256 * 256 tokens. Before every pass the
+    index must predict exactly what the engine then reports."""
     url, events = engine
 
     async def body():
@@ -57,6 +61,13 @@ def test_index_predicts_the_engine_prefix_hit(engine):
                     assert r.status == 200, await r.text()
                     return await r.json()
 
+            async def pass_and_its_events(prompt: str) -> dict:
+                before = index.workers[url].last_seq
+                out = await complete(prompt)
+                while index.workers[url].last_seq <= before:
+                    await asyncio.sleep(0.02)  # the pass's one batch (attention and Mamba stores) has arrived
+                return out
+
             salt = 0
             while url not in index.workers:  # slow joiner: the SUB may miss the first requests' events
                 salt += 1
@@ -64,17 +75,14 @@ def test_index_predicts_the_engine_prefix_hit(engine):
             prompt = text(700, salt=7)
             async with s.post(url + "/tokenize", json={"model": "tiny", "prompt": prompt}) as r:
                 tokens = (await r.json())["tokens"]
-            first = await complete(prompt)
-            n = first["usage"]["prompt_tokens"]
-            assert n == len(tokens) > 512
-
-            def predicted() -> int:
-                return index.hit_tokens(url, n, lambda h: chained_block_hashes(tokens, h))
-            while predicted() == 0:
-                await asyncio.sleep(0.05)
-            again = await complete(prompt)
-            cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
-            kinds = {g.kind for g in index.specs.values()}
-            assert {"full_attention", "mamba"} <= kinds, index.specs
-            assert predicted() == cached == (n - 1) // 256 * 256
+            n = len(tokens)
+            seen = []
+            for i in range(3):
+                predicted = index.hit_tokens(url, n, lambda h: chained_block_hashes(tokens, h))
+                out = await (pass_and_its_events(prompt) if i < 2 else complete(prompt))  # a full hit stores nothing
+                assert out["usage"]["prompt_tokens"] == n
+                seen.append((predicted, out["usage"]["prompt_tokens_details"]["cached_tokens"]))
+            assert index.hashes_verified is True and index.detected_hash_block_size == 256
+            assert {g.kind for g in index.specs.values()} == {"full_attention", "mamba"}
+            assert seen == [(0, 0), (0, 0), ((n - 1) // 256 * 256,) * 2], seen
     run(body(), timeout=120)
