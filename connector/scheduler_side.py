@@ -1,0 +1,193 @@
+"""The scheduler half of the connector, without vLLM imports (requests are duck-typed).
+
+Prefill (P, producer): a request that asks for remote decode is cut one token short (D computes the last
+prompt token itself, from the Mamba state after N-1 tokens); when it finishes, its blocks stay pinned
+under a lease and its kv_transfer_params name them, per KV-cache group, plus the aligned Mamba checkpoint
+at the last block boundary P holds (pinned too, if `checkpoints` can find it).
+Decode (D, consumer): a request carrying P's params is matched for `remote_num_tokens` minus D's own hit,
+loaded asynchronously; the plan is made once blocks are allocated. A request D will not read from (full
+local hit, bad params, aborted before scheduling) is still announced to P so that P frees it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from hybrid_pd.connector.errors import ConnectorError
+from hybrid_pd.connector.messages import CheckpointRef, RemotePrefill, parse_remote_prefill
+from hybrid_pd.connector.plan import Checkpoint, GroupSpec, plan_transfer
+from hybrid_pd.connector.worker_side import LoadJob, StepMeta
+
+log = logging.getLogger("vllm." + __name__)  # under vLLM's configured logger
+MARK_TRUNCATED = "_hybrid_pd_truncated"
+
+
+class CheckpointStore(Protocol):
+    """Access to the engine's prefix cache for Mamba checkpoints (implemented over vLLM's block pool)."""
+
+    def pin(self, request: Any, group: int, tokens: int) -> int | None:
+        """P: pin the cached checkpoint of `request` for boundary `tokens`; its block id, or None."""
+
+    def reserve(self, group: int) -> int | None:
+        """D: take a free block to receive a checkpoint; None if the pool is short."""
+
+    def register(self, request: Any, group: int, block_id: int, tokens: int) -> None:
+        """D: enter a received checkpoint into the prefix cache under the request's block hash."""
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        """Drop our reference to blocks pinned or reserved above."""
+
+
+class SchedulerSide:
+    def __init__(self, *, engine_id: str, host: str, port: int, groups: Sequence[GroupSpec],
+                 lease_s: float = 120.0, checkpoints: CheckpointStore | None = None,
+                 ship_checkpoints: bool = True):
+        self.engine_id, self.host, self.port = engine_id, host, port
+        self.groups = list(groups)
+        self.lease_s = lease_s
+        self.store = checkpoints
+        self._ship = ship_checkpoints
+        self._meta = StepMeta()
+        self._pinned: dict[str, list[int]] = {}  # request id -> checkpoint blocks we hold
+        self._landing: dict[str, tuple[Any, list[Checkpoint]]] = {}  # D: checkpoints to register on success
+
+    @property
+    def ship_checkpoints(self) -> bool:
+        return self._ship and self.store is not None
+
+    # ---- P ----------------------------------------------------------------------------------------------
+    def on_new_request(self, request: Any) -> None:
+        """P: compute N-1 prompt tokens; D recomputes the last one from the state after N-1."""
+        params = request.kv_transfer_params
+        if not params or not params.get("do_remote_decode") or params.get(MARK_TRUNCATED):
+            return
+        if request.num_prompt_tokens < 2 or request.prompt_token_ids is None:
+            return
+        del request.prompt_token_ids[-1]
+        del request._all_token_ids[-1]
+        request.num_prompt_tokens -= 1
+        request.max_tokens = 1
+        params[MARK_TRUNCATED] = True
+
+    def request_finished(self, request: Any, block_ids: Sequence[Sequence[int]],
+                         finished_ok: bool) -> tuple[bool, dict | None]:
+        params = request.kv_transfer_params
+        if not params:
+            return False, None
+        if params.get("do_remote_prefill"):  # D: finished (aborted?) before it ever read
+            self._reject(request, "finished before the KV was read")
+            return False, None
+        if not params.get("do_remote_decode") or not finished_ok:
+            return False, None
+        num_tokens = request.num_computed_tokens
+        if num_tokens <= 0 or not any(block_ids):
+            return False, None
+        refs = self._pin_checkpoints(request, num_tokens)
+        self._meta.leases[request.request_id] = self.lease_s
+        rp = RemotePrefill(remote_engine_id=self.engine_id, remote_request_id=request.request_id,
+                           remote_host=self.host, remote_port=self.port,
+                           remote_block_ids=[list(g) for g in block_ids], remote_num_tokens=num_tokens,
+                           lease_s=self.lease_s, checkpoints=refs)
+        return True, rp.to_params()
+
+    def _pin_checkpoints(self, request: Any, num_tokens: int) -> list[CheckpointRef]:
+        refs: list[CheckpointRef] = []
+        if not self.ship_checkpoints:
+            return refs
+        for g, spec in enumerate(self.groups):
+            boundary = num_tokens // spec.block_size * spec.block_size
+            if spec.kind != "mamba" or not 0 < boundary < num_tokens:
+                continue
+            block = self.store.pin(request, g, boundary)
+            if block is not None:
+                refs.append(CheckpointRef(g, block, boundary))
+                self._pinned.setdefault(request.request_id, []).append(block)
+        return refs
+
+    # ---- D ----------------------------------------------------------------------------------------------
+    @staticmethod
+    def _remote(request: Any) -> RemotePrefill | None:
+        params = request.kv_transfer_params
+        if not params or not params.get("do_remote_prefill"):
+            return None
+        try:
+            return parse_remote_prefill(params)
+        except ConnectorError as e:
+            log.warning("request %s: ignoring kv_transfer_params: %s", request.request_id, e)
+            return None
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        remote = self._remote(request)
+        if remote is None:
+            return 0, False
+        count = min(remote.remote_num_tokens, request.num_prompt_tokens) - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: Any, block_ids: Sequence[Sequence[int]],
+                                 num_external_tokens: int) -> None:
+        remote = self._remote(request)
+        if remote is None:
+            return
+        request.kv_transfer_params["do_remote_prefill"] = False  # one transfer per request
+        if num_external_tokens <= 0:
+            self._meta.loads.append(LoadJob(request.request_id, remote, None, "decoder holds the prefix"))
+            return
+        num_tokens = min(remote.remote_num_tokens, request.num_prompt_tokens)
+        hit = num_tokens - num_external_tokens
+        landing = self._reserve_checkpoints(remote, hit, num_tokens)
+        try:
+            plan = plan_transfer(self.groups, remote.remote_block_ids, block_ids, num_tokens, hit, landing)
+        except ConnectorError as e:  # the worker fails the request, vLLM recomputes it
+            log.warning("request %s: no usable transfer plan: %s", request.request_id, e)
+            self._release(landing)
+            self._meta.loads.append(LoadJob(request.request_id, remote, None, f"no transfer plan: {e}",
+                                            fail=True))
+            return
+        self._release([c for c in landing if c not in plan.checkpoints])
+        if plan.checkpoints:
+            self._landing[request.request_id] = (request, list(plan.checkpoints))
+        self._meta.loads.append(LoadJob(request.request_id, remote, plan))
+
+    def _release(self, checkpoints: Sequence[Checkpoint]) -> None:
+        if checkpoints:
+            self.store.release([c.local_block for c in checkpoints])
+
+    def _reserve_checkpoints(self, remote: RemotePrefill, hit: int, num_tokens: int) -> list[Checkpoint]:
+        out = []
+        if not self.ship_checkpoints:
+            return out
+        for ref in remote.checkpoints:
+            if hit < ref.tokens < num_tokens and ref.group < len(self.groups):
+                local = self.store.reserve(ref.group)
+                if local is not None:
+                    out.append(Checkpoint(ref.group, ref.block, local, ref.tokens))
+        return out
+
+    def _reject(self, request: Any, reason: str) -> None:
+        remote = self._remote(request)
+        if remote is not None:
+            request.kv_transfer_params["do_remote_prefill"] = False
+            self._meta.loads.append(LoadJob(request.request_id, remote, None, reason))
+
+    # ---- both -------------------------------------------------------------------------------------------
+    def build_meta(self) -> StepMeta:
+        meta, self._meta = self._meta, StepMeta()
+        return meta
+
+    def on_transfer_results(self, finished_sending: set[str], finished_recving: set[str],
+                            failed_recving: set[str]) -> None:
+        for req_id in finished_sending:
+            blocks = self._pinned.pop(req_id, None)
+            if blocks:
+                self.store.release(blocks)
+        for req_id in finished_recving:
+            request, checkpoints = self._landing.pop(req_id, (None, []))
+            for cp in checkpoints:
+                if req_id not in failed_recving:
+                    try:
+                        self.store.register(request, cp.group, cp.local_block, cp.tokens)
+                    except ConnectorError as e:
+                        log.warning("request %s: checkpoint not registered: %s", req_id, e)
+                self.store.release([cp.local_block])

@@ -1,0 +1,238 @@
+"""`HybridPDConnector`: the vLLM subclass. It only translates between vLLM and the pure halves.
+
+Scheduler role -> `SchedulerSide` (+ `BlockPoolCheckpoints`, the prefix-cache access for Mamba
+checkpoints); worker role -> `WorkerSide` over a `NixlTransport` and a ZMQ side channel. Every `vllm`
+import of the connector lives here and in `vllm_stats`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorTransferResults, SupportsHMA,
+)
+from vllm.v1.core.kv_cache_utils import resolve_block_hashes
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+from hybrid_pd.connector.errors import ConfigurationError
+from hybrid_pd.connector.messages import PROTOCOL_VERSION, Handshake, Region, encode
+from hybrid_pd.connector.plan import GroupSpec
+from hybrid_pd.connector.scheduler_side import SchedulerSide
+from hybrid_pd.connector.worker_side import StepMeta, WorkerSide
+
+log = logging.getLogger("vllm.hybrid_pd.connector")
+
+
+class HybridPDMetadata(KVConnectorMetadata):
+    def __init__(self, step: StepMeta):
+        self.step = step
+
+
+def group_specs(kv_cache_config) -> list[GroupSpec]:
+    out = []
+    for i, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        if isinstance(spec, MambaSpec):
+            out.append(GroupSpec("mamba", spec.block_size))
+        elif isinstance(spec, FullAttentionSpec) and getattr(spec, "sliding_window", None) is None:
+            out.append(GroupSpec("attention", spec.block_size))
+        else:
+            raise ConfigurationError(f"KV-cache group {i} is {type(spec).__name__}: hybrid-pd moves full "
+                                     "attention and Mamba groups only")
+    return out
+
+
+class BlockPoolCheckpoints:
+    """Mamba checkpoints in vLLM's block pool: pin P's, reserve/register/release D's."""
+
+    def __init__(self, block_pool, groups: list[GroupSpec]):
+        self.pool, self.groups = block_pool, groups
+        self._held: dict[int, Any] = {}
+
+    def pin(self, request, group: int, tokens: int) -> int | None:
+        bs = self.groups[group].block_size
+        hashes = resolve_block_hashes(request.block_hashes, self.pool.hash_block_size, bs)
+        idx = tokens // bs - 1
+        if idx >= len(hashes):
+            return None
+        hit = self.pool.get_cached_block(hashes[idx], [group])
+        if not hit:
+            return None
+        self.pool.touch(hit)
+        self._held[hit[0].block_id] = hit[0]
+        return hit[0].block_id
+
+    def reserve(self, group: int) -> int | None:
+        if self.pool.get_num_free_blocks() < 64:  # never compete with running requests for the last blocks
+            return None
+        block = self.pool.get_new_blocks(1)[0]
+        self._held[block.block_id] = block
+        return block.block_id
+
+    def register(self, request, group: int, block_id: int, tokens: int) -> None:
+        block = self._held[block_id]
+        bs = self.groups[group].block_size
+        idx = tokens // bs - 1
+        blocks = [self.pool.null_block] * idx + [block]
+        self.pool.cache_full_blocks(request, blocks, idx, idx + 1, bs, group)
+
+    def release(self, block_ids) -> None:
+        blocks = [self._held.pop(b) for b in block_ids if b in self._held]
+        if blocks:
+            self.pool.free_blocks(blocks)
+
+
+class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        ktc = vllm_config.kv_transfer_config
+        extra = dict(ktc.kv_connector_extra_config or {})
+        self.groups = group_specs(kv_cache_config)
+        if any(g.kind == "mamba" for g in self.groups) and os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT") != "DS":
+            raise ConfigurationError("hybrid-pd moves Mamba conv state in the DS layout: set "
+                                     "VLLM_SSM_CONV_STATE_LAYOUT=DS on prefill and decode (the launchers do)")
+        self.engine_id = str(ktc.engine_id)
+        self.host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+        self.port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
+        self.read_timeout_s = float(extra.get("read_timeout_s", 30.0))
+        self.sched: SchedulerSide | None = None
+        self.worker: WorkerSide | None = None
+        self._server = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.sched = SchedulerSide(engine_id=self.engine_id, host=self.host, port=self.port,
+                                       groups=self.groups, lease_s=float(extra.get("lease_s", 120.0)),
+                                       ship_checkpoints=bool(extra.get("ship_checkpoints", True)))
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        return False
+
+    # ---- scheduler side ---------------------------------------------------------------------------------
+    def bind_gpu_block_pool(self, gpu_block_pool) -> None:
+        if self.sched is not None:
+            self.sched.store = BlockPoolCheckpoints(gpu_block_pool, self.groups)
+
+    def get_loaded_kv_cache_group_ids(self, request) -> tuple[int, ...]:
+        return tuple(range(len(self.groups)))
+
+    def on_new_request(self, request) -> None:
+        self.sched.on_new_request(request)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        return self.sched.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        self.sched.update_state_after_alloc(request, blocks.get_block_ids(), num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        return HybridPDMetadata(self.sched.build_meta())
+
+    def update_connector_output(self, connector_output) -> None:
+        self.sched.on_transfer_results(set(connector_output.finished_sending or ()),
+                                       set(connector_output.finished_recving or ()),
+                                       set(getattr(connector_output, "failed_recving", None) or ()))
+
+    def request_finished(self, request, block_ids):
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(self, request, block_ids):
+        from vllm.v1.request import RequestStatus
+
+        ok = request.status in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
+        return self.sched.request_finished(request, block_ids, ok)
+
+    # ---- worker side ------------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        from hybrid_pd.connector.side_channel import SideChannelServer
+        from hybrid_pd.connector.transport import NixlTransport
+
+        try:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            tp_rank = get_tensor_model_parallel_rank()
+        except Exception:  # noqa: BLE001  no TP group (single process)
+            tp_rank = 0
+        group_of = {name: i for i, g in enumerate(self._kv_cache_config.kv_cache_groups) for name in g.layer_names}
+        regions, ranges, mem_type = [], {}, "DRAM"
+        for layer in sorted(kv_caches):
+            if layer not in group_of:
+                continue
+            tensors = kv_caches[layer] if isinstance(kv_caches[layer], (list, tuple)) else [kv_caches[layer]]
+            for k, t in enumerate(tensors):
+                if not t[0].is_contiguous():
+                    raise ConfigurationError(f"layer {layer}: one block is not contiguous in memory "
+                                             f"(shape {tuple(t.shape)}, strides {t.stride()})")
+                name = layer if len(tensors) == 1 else f"{layer}#{k}"
+                regions.append(Region(name, group_of[layer], t.data_ptr(), t.stride(0) * t.element_size(),
+                                      t[0].numel() * t.element_size(), t.shape[0]))
+                storage = t.untyped_storage()
+                ranges[storage.data_ptr()] = storage.nbytes()
+                mem_type = "DRAM" if t.device.type == "cpu" else "VRAM"
+        transport = NixlTransport(f"{self.engine_id}-{tp_rank}", mem_type=mem_type)
+        transport.register(sorted(ranges.items()))
+        local = Handshake(PROTOCOL_VERSION, self.engine_id, tp_rank, transport.name, transport.metadata(),
+                          [g.kind for g in self.groups], [g.block_size for g in self.groups], regions, mem_type)
+        self.worker = WorkerSide(transport, local, read_timeout_s=self.read_timeout_s)
+        self._server = SideChannelServer(self.host, self.port + tp_rank, encode(local))
+        log.info("hybrid-pd worker %s: %d regions in %d ranges, side channel %s", transport.name,
+                 len(regions), len(ranges), self._server.address)
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        if self.worker is not None and self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            if isinstance(meta, HybridPDMetadata):
+                self.worker.start(meta.step)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are asynchronous: the request waits in WAITING_FOR_REMOTE_KVS
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
+        return  # pull mode: D reads P's blocks, P writes nothing
+
+    def wait_for_save(self) -> None:
+        return
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        if self.worker is None:
+            return KVConnectorTransferResults()
+        r = self.worker.poll()
+        return KVConnectorTransferResults(r.finished_sending, r.finished_recving, r.failed_recving)
+
+    def get_finished(self, finished_req_ids: set[str]):
+        r = self.get_transfer_results(finished_req_ids)
+        return r.finished_sending or None, r.finished_recving or None
+
+    def get_kv_connector_stats(self):
+        if self.worker is None or not self.worker.stats:
+            return None
+        from hybrid_pd.connector.vllm_stats import HybridPDStats
+
+        stats, drained = HybridPDStats(), self.worker.stats
+        self.worker.stats = []
+        for s in drained:
+            stats.record(s.bytes, s.descriptors, s.seconds, s.failed, s.checkpoints)
+            log.info("hybrid-pd load %s: %d B in %d descriptors, %.4f s, failed=%s, checkpoints=%d",
+                     s.request_id, s.bytes, s.descriptors, s.seconds, s.failed, s.checkpoints)
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
+        from hybrid_pd.connector.vllm_stats import HybridPDStats
+
+        return HybridPDStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        from hybrid_pd.connector.vllm_stats import HybridPDPromMetrics
+
+        return HybridPDPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self.worker is not None:
+            self.worker.close()
+            self.worker.transport.close()

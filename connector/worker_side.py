@@ -1,0 +1,227 @@
+"""The worker half of the connector, without vLLM: handshakes, READs with deadlines, leases, notifications.
+
+Decode (D) gets `LoadJob`s from its scheduler: it handshakes with the prefiller in the background (once per
+engine id; a prefiller restarted under a new engine id is simply a new peer, and a peer whose READ failed is
+forgotten so the next request handshakes again), READs the plan's runs, then tells P `Done`. A job that
+passes its deadline or fails is reported failed (vLLM recomputes it) and P is told `Rejected`.
+Prefill (P) gets leases: a request's blocks stay pinned until D says Done/Rejected or the lease expires.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from hybrid_pd.connector.errors import ConnectorError, TransportError
+from hybrid_pd.connector.messages import (
+    Done, Handshake, Rejected, RemotePrefill, decode_handshake, decode_notification, encode,
+)
+from hybrid_pd.connector.plan import TransferPlan
+from hybrid_pd.connector.side_channel import fetch_handshake
+from hybrid_pd.connector.transport import Transport, descriptors
+
+log = logging.getLogger("vllm." + __name__)  # under vLLM's configured logger
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadJob:
+    request_id: str
+    remote: RemotePrefill
+    plan: TransferPlan | None  # None: read nothing, only tell P to free (D rejected the request)
+    reason: str = ""
+    fail: bool = False  # report the request as a failed load (vLLM recomputes it)
+
+
+@dataclasses.dataclass
+class StepMeta:
+    """Scheduler -> worker, once per step."""
+
+    loads: list[LoadJob] = dataclasses.field(default_factory=list)
+    leases: dict[str, float] = dataclasses.field(default_factory=dict)  # P: request id -> lease seconds
+
+
+@dataclasses.dataclass
+class TransferStats:
+    request_id: str
+    bytes: int = 0
+    descriptors: int = 0
+    seconds: float = 0.0
+    failed: bool = False
+    checkpoints: int = 0
+
+
+@dataclasses.dataclass
+class Results:
+    finished_sending: set[str] = dataclasses.field(default_factory=set)
+    finished_recving: set[str] = dataclasses.field(default_factory=set)
+    failed_recving: set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class _Peer:
+    future: cf.Future  # -> (Handshake, agent name)
+
+
+@dataclasses.dataclass
+class _Active:
+    job: LoadJob
+    deadline: float
+    started: float
+    handle: object | None = None
+    stats: TransferStats | None = None
+
+
+class WorkerSide:
+    def __init__(self, transport: Transport, local: Handshake, *, read_timeout_s: float = 30.0,
+                 handshake_timeout_s: float = 5.0, fetch: Callable[[str, int, float], bytes] = fetch_handshake,
+                 clock: Callable[[], float] = time.monotonic):
+        self.transport, self.local = transport, local
+        self.read_timeout_s, self.handshake_timeout_s = read_timeout_s, handshake_timeout_s
+        self._fetch, self._clock = fetch, clock
+        self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="hybrid-pd-handshake")
+        self._peers: dict[tuple[str, str, int], _Peer] = {}
+        self._active: dict[str, _Active] = {}
+        self._leases: dict[str, float] = {}  # P: request id -> deadline
+        self._early: dict[str, float] = {}  # P: notifications that arrived before the lease did
+        self.stats: list[TransferStats] = []
+
+    # ---- D: loads ---------------------------------------------------------------------------------------
+    def _peer(self, remote: RemotePrefill) -> _Peer:
+        key = (remote.remote_engine_id, remote.remote_host, remote.remote_port)
+        peer = self._peers.get(key)
+        if peer is None:
+            peer = self._peers[key] = _Peer(self._pool.submit(self._handshake, remote))
+        return peer
+
+    def _handshake(self, remote: RemotePrefill) -> tuple[Handshake, str]:
+        port = remote.remote_port + self.local.tp_rank
+        theirs = decode_handshake(self._fetch(remote.remote_host, port, self.handshake_timeout_s))
+        if theirs.engine_id != remote.remote_engine_id:
+            raise ConnectorError(f"{remote.remote_host}:{port} is engine {theirs.engine_id}, the request "
+                                 f"names {remote.remote_engine_id} (prefiller restarted?)")
+        theirs.check_compatible(self.local)
+        return theirs, self.transport.add_peer(theirs.agent_metadata)
+
+    def _forget(self, remote: RemotePrefill) -> None:
+        self._peers.pop((remote.remote_engine_id, remote.remote_host, remote.remote_port), None)
+
+    def start(self, meta: StepMeta) -> None:
+        now = self._clock()
+        for job in meta.loads:
+            self._active[job.request_id] = _Active(job, now + self.read_timeout_s, now)
+            self._peer(job.remote)
+        for req_id, lease_s in meta.leases.items():
+            self._leases[req_id] = now + lease_s
+
+    def _advance(self, act: _Active) -> bool:
+        """Move one job forward; True when it finished successfully. Raises ConnectorError on failure."""
+        job = act.job
+        peer = self._peer(job.remote)
+        if act.handle is None:
+            if not peer.future.done():
+                return False
+            theirs, agent = peer.future.result()  # raises the handshake's error
+            if job.fail:
+                raise ConnectorError(job.reason)  # _fail tells P Rejected
+            if job.plan is None:
+                self.transport.notify(agent, encode(Rejected(job.remote.remote_request_id, reason=job.reason)))
+                return True
+            descs = descriptors(self.local.regions, theirs.regions, job.plan.runs)
+            act.stats = TransferStats(job.request_id, sum(d.length for d in descs), len(descs),
+                                      checkpoints=len(job.plan.checkpoints))
+            if not descs:
+                self.transport.notify(agent, encode(Done(job.remote.remote_request_id)))
+                return True
+            act.handle = self.transport.read(agent, descs)
+        if not self.transport.poll(act.handle):
+            return False
+        self.transport.release(act.handle)
+        _, agent = peer.future.result()
+        try:
+            self.transport.notify(agent, encode(Done(job.remote.remote_request_id)))
+        except TransportError as e:  # the data landed; P's lease frees its blocks
+            log.warning("request %s: could not tell the prefiller it is done: %s", job.request_id, e)
+        return True
+
+    def _fail(self, act: _Active, err: Exception, results: Results) -> None:
+        job = act.job
+        log.warning("request %s: KV load from %s failed, vLLM recomputes it: %s", job.request_id,
+                    job.remote.remote_engine_id, err)
+        if act.handle is not None:
+            self.transport.release(act.handle)
+        if isinstance(err, TransportError):
+            self._forget(job.remote)  # re-handshake next time: the peer may have restarted
+        peer = self._peers.get((job.remote.remote_engine_id, job.remote.remote_host, job.remote.remote_port))
+        if peer is not None and peer.future.done() and peer.future.exception() is None:
+            try:
+                self.transport.notify(peer.future.result()[1],
+                                      encode(Rejected(job.remote.remote_request_id, reason=str(err)[:200])))
+            except TransportError:
+                pass
+        if job.plan is not None or job.fail:
+            results.finished_recving.add(job.request_id)
+            results.failed_recving.add(job.request_id)
+            stats = act.stats or TransferStats(job.request_id)
+            stats.failed, stats.seconds = True, self._clock() - act.started
+            self.stats.append(stats)
+
+    def poll(self) -> Results:
+        results = Results()
+        now = self._clock()
+        for req_id, act in list(self._active.items()):
+            try:
+                done = self._advance(act)
+                if not done and now > act.deadline:
+                    raise TransportError(f"READ not complete after {self.read_timeout_s:g} s")
+            except ConnectorError as e:
+                del self._active[req_id]
+                self._fail(act, e, results)
+                continue
+            except Exception as e:  # noqa: BLE001  never let one request take the engine down
+                log.exception("request %s: unexpected error in KV load", req_id)
+                del self._active[req_id]
+                self._fail(act, e, results)
+                continue
+            if done:
+                del self._active[req_id]
+                if act.job.plan is not None:
+                    results.finished_recving.add(req_id)
+                    stats = act.stats or TransferStats(req_id)
+                    stats.seconds = self._clock() - act.started
+                    self.stats.append(stats)
+        self._poll_leases(results, now)
+        return results
+
+    # ---- P: leases --------------------------------------------------------------------------------------
+    def _poll_leases(self, results: Results, now: float) -> None:
+        try:
+            notes = self.transport.notifications()
+        except TransportError as e:
+            log.warning("reading NIXL notifications failed: %s", e)
+            notes = []
+        for raw in notes:
+            try:
+                msg = decode_notification(raw)
+            except ConnectorError as e:
+                log.warning("ignoring notification: %s", e)
+                continue
+            if isinstance(msg, Rejected):
+                log.info("decoder rejected %s: %s", msg.request_id, msg.reason)
+            self._early[msg.request_id] = now + 300
+        for req_id in [r for r in self._leases if r in self._early]:
+            del self._leases[req_id], self._early[req_id]
+            results.finished_sending.add(req_id)
+        for req_id, deadline in list(self._leases.items()):
+            if now > deadline:
+                log.warning("request %s: lease expired before the decoder read it; freeing its blocks", req_id)
+                del self._leases[req_id]
+                results.finished_sending.add(req_id)
+        for req_id, expiry in list(self._early.items()):
+            if now > expiry:
+                del self._early[req_id]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
