@@ -2,6 +2,7 @@
 # hybrid-pd developer entry point. Creates or refreshes the project's virtual environment, then runs:
 #   bash deploy/dev.sh demo    run the whole system on its embedded default (tiny model, 1 P + 1 D + proxy)
 #   bash deploy/dev.sh test    run the test suite (what CI runs)
+#   bash deploy/dev.sh bench   run the benchmark harness (tests/bench/run.py; writes tests/bench/results/)
 #   bash deploy/dev.sh env     only set up the environment and print the venv's path
 #   bash deploy/dev.sh run ARGS...   run any command inside the environment
 # The venv lives outside the clone (HYBRID_PD_VENV, default ~/.cache/hybrid-pd/venv) so that fresh clones
@@ -10,7 +11,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HYBRID_PD_VENV:-$HOME/.cache/hybrid-pd/venv}
 PY=${HYBRID_PD_PYTHON:-$(command -v python3.11 || command -v python3)}
-EXTRAS=${HYBRID_PD_EXTRAS:-cpu,test}
+EXTRAS=${HYBRID_PD_EXTRAS:-cpu,test,bench}
 
 log() { echo "[hybrid-pd] $*" >&2; }
 
@@ -56,6 +57,7 @@ case "$cmd" in
   env)  echo "$VENV" ;;
   demo) exec "$VENV/bin/hybrid-pd" demo "$@" ;;
   test) exec "$VENV/bin/python" -m pytest tests "$@" ;;
+  bench) exec "$VENV/bin/python" -m tests.bench.run "$@" ;;
   run)  exec "$@" ;;
-  *)    echo "usage: bash deploy/dev.sh {demo|test|env|run CMD...}" >&2; exit 2 ;;
+  *)    echo "usage: bash deploy/dev.sh {demo|test|bench|env|run CMD...}" >&2; exit 2 ;;
 esac

@@ -11,8 +11,9 @@ PY=${PYTHON:-python3}
 PLAT=(--python-version 3.12 --implementation cp --only-binary=:all: --platform manylinux2014_x86_64
       --platform manylinux1_x86_64 --platform any)
 for n in $(seq 17 39); do PLAT+=(--platform "manylinux_2_${n}_x86_64"); done  # pip matches N exactly
+# `nixl` is the importable front; it pulls nixl-cu12 too, which image-packages.txt leaves out (cu13 here).
 # Pins the recipe found necessary: xgrammar 0.2.8 fails to load with tvm-ffi 0.1.10; compressed-tensors needs loguru.
-WANT=("vllm==0.26.0" "nixl-cu13==1.5.1" "apache-tvm-ffi==0.1.10" "xgrammar==0.2.7" loguru
+WANT=("vllm==0.26.0" "nixl==1.5.1" "nixl-cu13==1.5.1" "apache-tvm-ffi==0.1.10" "xgrammar==0.2.7" loguru
       msgspec pyzmq "aiohttp>=3.9" uvloop prometheus-client psutil)
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 # 1. Resolve the whole tree for the target platform without installing anything.
@@ -30,16 +31,17 @@ env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform"
        "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
        "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
 found = {norm(i["metadata"]["name"]): i["metadata"] for i in json.load(open(sys.argv[1]))["install"]}
-todo, keep = [norm(Requirement(w).name) for w in sys.argv[3:]], set()
-while todo:
-    name = todo.pop()
-    if name in keep or name in stop or name not in found:
+todo, keep, done = [(norm(r.name), frozenset(r.extras)) for r in map(Requirement, sys.argv[3:])], set(), set()
+while todo:  # (name, extras asked of it): a requirement like pkg[extra] pulls the extra's dependencies too
+    name, extras = todo.pop()
+    if (name, extras) in done or name in stop or name not in found:
         continue
+    done.add((name, extras))
     keep.add(name)
     for spec in found[name].get("requires_dist") or []:
         req = Requirement(spec)
-        if req.marker is None or req.marker.evaluate(env):
-            todo.append(norm(req.name))
+        if req.marker is None or any(req.marker.evaluate(env | {"extra": e}) for e in {"", *extras}):
+            todo.append((norm(req.name), frozenset(req.extras)))
 for name in sorted(keep):
     print(f"{found[name]['name']}=={found[name]['version']}")
 PYEOF

@@ -11,9 +11,11 @@ mkdir -p "$OUT"
 UTIL=0.4; [ "$GP" = "$GD" ] && UTIL=0.25
 # NVLink multicast stays off on shared hosts.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-EXTRA=()
+EXTRA=(--)
+# The tiny model gains nothing from torch.compile and CUDA graphs, which cost minutes of start-up.
+[ "$MODEL" = tiny ] && EXTRA+=(--enforce-eager)
 if nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -qE "H100|H200|H800|GH200"; then
-  EXTRA=(-- --additional-config '{"gdn_prefill_backend":"triton"}')  # FlashInfer's GDN prefill needs CuTe DSL
+  EXTRA+=(--additional-config '{"gdn_prefill_backend":"triton"}')  # FlashInfer's GDN prefill needs CuTe DSL
 fi
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/gpus.txt" || true
 set +e
