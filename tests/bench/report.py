@@ -19,7 +19,7 @@ def summarize(run: dict) -> dict:
             "e2e_p50_ms": pct([r["e2e_s"] for r in rows], 0.5) * 1e3, "throughput": run["throughput_tok_s"],
             "hits": sum(r["hit_tokens"] for r in rows), "oracle": sum(r["oracle_hit"] for r in rows),
             "bytes": run["transfer"]["bytes"], "descriptors": run["transfer"]["descriptors"],
-            "transfers": run["transfer"]["transfers"], "failed": run["transfer"]["failed"]}
+            "transfers": run["transfer"]["transfers"], "failed": run["transfer"]["failed_transfers"]}
 
 
 def ratio(a: float, b: float) -> str:

@@ -17,26 +17,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scrape_metrics, worker_argv
+from hybrid_pd.proxy.demo_workload import TRANSFER_METRICS, stream, transfer_counters
+from tests.support.procs import HYBRID_PD, Launched, free_port, worker_argv
 
-TRANSFER = {"bytes": "vllm:nixl_bytes_transferred_sum", "descriptors": "vllm:nixl_num_descriptors_sum",
-            "transfers": "vllm:nixl_xfer_time_seconds_count", "failed": "vllm:nixl_num_failed_transfers_total"}
-
-
-def post_stream(url: str, body: dict, timeout: float = 300) -> tuple[list[float], dict, float]:
+def post_stream(url: str, body: dict) -> tuple[list[float], dict, float]:
     """Stream a completion; return (token arrival times from the call, usage, end-to-end seconds)."""
-    body = dict(body, stream=True, stream_options={"include_usage": True})
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    start, arrivals, usage = time.monotonic(), [], {}
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if line.startswith("data:") and line != "data: [DONE]":
-                chunk = json.loads(line[5:])
-                usage = chunk.get("usage") or usage
-                if any(c.get("text") for c in chunk.get("choices") or []):
-                    arrivals.append(time.monotonic() - start)
+    start = time.monotonic()
+    _, usage, _, arrivals = stream(url, "/v1/completions", body)
     return arrivals, usage, time.monotonic() - start
 
 
@@ -74,10 +61,7 @@ class Setup:
         raise NotImplementedError
 
     def transfer_counters(self) -> dict[str, float]:
-        if not self.decode_url:
-            return {k: 0.0 for k in TRANSFER}
-        metrics = scrape_metrics(self.decode_url)
-        return {k: metric_sum(metrics, name) for k, name in TRANSFER.items()}
+        return transfer_counters(self.decode_url) if self.decode_url else {k: 0.0 for k in TRANSFER_METRICS}
 
     def wait(self) -> None:
         for proc in self.procs:
