@@ -60,6 +60,7 @@ class BlockPoolCheckpoints:
             return None
         hit = self.pool.get_cached_block(hashes[idx], [group])
         if not hit:
+            log.info("request %s: no cached Mamba checkpoint at %d tokens to ship", request.request_id, tokens)
             return None
         self.pool.touch(hit)
         self._held[hit[0].block_id] = hit[0]
@@ -97,18 +98,24 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         self.engine_id = str(ktc.engine_id)
         self.host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
         self.port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
-        self.read_timeout_s = float(extra.get("read_timeout_s", 30.0))
+        # kv_connector_extra_config wins; the environment serves launchers that own --kv-transfer-config
+        self.read_timeout_s = float(extra.get("read_timeout_s", os.environ.get("HYBRID_PD_READ_TIMEOUT_S", 30)))
+        lease_s = float(extra.get("lease_s", os.environ.get("HYBRID_PD_LEASE_S", 120)))
+        ship = str(extra.get("ship_checkpoints", os.environ.get("HYBRID_PD_SHIP_CHECKPOINTS", "1"))).lower()
         self.sched: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         self._server = None
         if role == KVConnectorRole.SCHEDULER:
             self.sched = SchedulerSide(engine_id=self.engine_id, host=self.host, port=self.port,
-                                       groups=self.groups, lease_s=float(extra.get("lease_s", 120.0)),
-                                       ship_checkpoints=bool(extra.get("ship_checkpoints", True)))
+                                       groups=self.groups, lease_s=lease_s,
+                                       ship_checkpoints=ship not in ("0", "false", "no"))
 
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:
-        return False
+        # The plan always moves the Mamba state D resumes from, so a full-attention hit deeper than D's
+        # Mamba hit is completed by reading the attention tail + the state (no recompute from the lagging
+        # boundary, no re-read of attention blocks D holds).
+        return True
 
     # ---- scheduler side ---------------------------------------------------------------------------------
     def bind_gpu_block_pool(self, gpu_block_pool) -> None:

@@ -152,15 +152,16 @@ class WorkerSide:
                     job.remote.remote_engine_id, err)
         if act.handle is not None:
             self.transport.release(act.handle)
-        if isinstance(err, TransportError):
-            self._forget(job.remote)  # re-handshake next time: the peer may have restarted
         peer = self._peers.get((job.remote.remote_engine_id, job.remote.remote_host, job.remote.remote_port))
         if peer is not None and peer.future.done() and peer.future.exception() is None:
-            try:
+            try:  # let P free the blocks now rather than at lease expiry
                 self.transport.notify(peer.future.result()[1],
                                       encode(Rejected(job.remote.remote_request_id, reason=str(err)[:200])))
             except TransportError:
                 pass
+        if isinstance(err, TransportError) or (peer is not None and peer.future.done()
+                                               and peer.future.exception() is not None):
+            self._forget(job.remote)  # handshake again next time: the peer may have restarted
         if job.plan is not None or job.fail:
             results.finished_recving.add(job.request_id)
             results.failed_recving.add(job.request_id)

@@ -1,0 +1,212 @@
+"""Scheduler and worker halves without vLLM: fake requests, the in-memory transport, a fake clock."""
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hybrid_pd.connector.errors import HandshakeError
+from hybrid_pd.connector.messages import (
+    PROTOCOL_VERSION, Done, Handshake, Region, Rejected, decode_notification, encode,
+)
+from hybrid_pd.connector.plan import GroupSpec, Run
+from hybrid_pd.connector.scheduler_side import SchedulerSide
+from hybrid_pd.connector.transport import InMemoryTransport
+from hybrid_pd.connector.worker_side import StepMeta, WorkerSide
+
+GROUPS = [GroupSpec("mamba", 4), GroupSpec("attention", 4)]
+PAGE, STATE, NBLOCKS = 64, 40, 16
+_names = itertools.count()
+
+
+def request(n_prompt: int, params: dict | None, req_id: str = "r1") -> SimpleNamespace:
+    tokens = list(range(n_prompt))
+    return SimpleNamespace(request_id=req_id, kv_transfer_params=params, prompt_token_ids=tokens,
+                           _all_token_ids=list(tokens), num_prompt_tokens=n_prompt, max_tokens=16,
+                           num_computed_tokens=0)
+
+
+class FakeStore:
+    def __init__(self):
+        self.pinned, self.released, self.registered, self.next = [], [], [], 100
+
+    def pin(self, request, group, tokens):
+        self.pinned.append((group, tokens))
+        return 50
+
+    def reserve(self, group):
+        self.next += 1
+        return self.next
+
+    def register(self, request, group, block_id, tokens):
+        self.registered.append((group, block_id, tokens))
+
+    def release(self, block_ids):
+        self.released += list(block_ids)
+
+
+def test_prefiller_cuts_one_token_and_returns_params_with_a_pinned_checkpoint():
+    store = FakeStore()
+    p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, lease_s=9, checkpoints=store)
+    req = request(11, {"do_remote_decode": True})
+    p.on_new_request(req)
+    p.on_new_request(req)  # idempotent (preemption)
+    assert req.num_prompt_tokens == 10 and len(req.prompt_token_ids) == 10 and req.max_tokens == 1
+    req.num_computed_tokens = 10
+    delay, params = p.request_finished(req, ([0, 0, 3], [5, 6, 7]), finished_ok=True)
+    assert delay and params["remote_block_ids"] == [[0, 0, 3], [5, 6, 7]] and params["remote_num_tokens"] == 10
+    assert params["checkpoints"] == [{"group": 0, "block": 50, "tokens": 8}] and store.pinned == [(0, 8)]
+    assert p.build_meta().leases == {"r1": 9}
+    p.on_transfer_results({"r1"}, set(), set())
+    assert store.released == [50]
+    # an aborted prefill frees at once and returns nothing
+    req2 = request(11, {"do_remote_decode": True}, "r2")
+    assert p.request_finished(req2, ([1], [2]), finished_ok=False) == (False, None)
+
+
+def remote_params(**over) -> dict:
+    base = dict(remote_engine_id="P", remote_request_id="p-r1", remote_host="h", remote_port=7,
+                remote_block_ids=[[0, 0, 3], [5, 6, 7]], remote_num_tokens=10, lease_s=9,
+                checkpoints=[{"group": 0, "block": 50, "tokens": 8}], do_remote_prefill=True,
+                do_remote_decode=False, hybrid_pd_version=PROTOCOL_VERSION)
+    return {**base, **over}
+
+
+def test_decoder_matches_plans_and_registers_the_checkpoint_on_success():
+    store = FakeStore()
+    d = SchedulerSide(engine_id="D", host="h", port=8, groups=GROUPS, checkpoints=store)
+    req = request(11, remote_params())
+    assert d.get_num_new_matched_tokens(req, 4) == (6, True)
+    assert d.get_num_new_matched_tokens(req, 4) == (6, True)  # side-effect free
+    d.update_state_after_alloc(req, ([9, 0, 12], [20, 21, 22]), num_external_tokens=6)
+    (job,) = d.build_meta().loads
+    assert job.plan.runs == (Run(0, 101, 50), Run(0, 12, 3), Run(1, 21, 6, 2))
+    assert req.kv_transfer_params["do_remote_prefill"] is False
+    assert d.get_num_new_matched_tokens(req, 0) == (0, False)  # one transfer per request
+    d.on_transfer_results(set(), {"r1"}, set())
+    assert store.registered == [(0, 101, 8)] and store.released == [101]
+
+
+def test_decoder_tells_the_prefiller_to_free_when_it_reads_nothing_or_never_schedules():
+    d = SchedulerSide(engine_id="D", host="h", port=8, groups=GROUPS)
+    full_hit = request(11, remote_params())
+    d.update_state_after_alloc(full_hit, ([0, 0, 1], [1, 2, 3]), num_external_tokens=0)
+    aborted = request(11, remote_params(), "r2")
+    assert d.request_finished(aborted, ([], []), finished_ok=False) == (False, None)
+    jobs = d.build_meta().loads
+    assert [(j.request_id, j.plan) for j in jobs] == [("r1", None), ("r2", None)]
+
+
+def test_decoder_fails_a_request_whose_lists_do_not_fit():
+    d = SchedulerSide(engine_id="D", host="h", port=8, groups=GROUPS)
+    req = request(11, remote_params(remote_block_ids=[[0, 3], [5]]))
+    d.update_state_after_alloc(req, ([0, 0, 12], [20, 21, 22]), num_external_tokens=10)
+    (job,) = d.build_meta().loads
+    assert job.fail and job.plan is None
+
+
+def test_bad_params_are_ignored_not_raised():
+    d = SchedulerSide(engine_id="D", host="h", port=8, groups=GROUPS)
+    assert d.get_num_new_matched_tokens(request(11, {"do_remote_prefill": True}), 0) == (0, False)
+
+
+# ---- worker half ----------------------------------------------------------------------------------------
+class Clock:
+    now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def worker(buf: np.ndarray, engine: str, clock, **kw) -> tuple[WorkerSide, InMemoryTransport]:
+    t = InMemoryTransport(f"{engine}-{next(_names)}")
+    base = buf.ctypes.data
+    regions = [Region("m", 0, base, PAGE, STATE, NBLOCKS), Region("a", 1, base + NBLOCKS * PAGE, PAGE, PAGE, NBLOCKS)]
+    hs = Handshake(PROTOCOL_VERSION, engine, 0, t.name, t.metadata(), ["mamba", "attention"], [4, 4], regions)
+    return WorkerSide(t, hs, clock=clock, **kw), t
+
+
+def pair(**kw):
+    clock = Clock()
+    src, dst = np.arange(2 * NBLOCKS * PAGE, dtype=np.uint32).astype(np.uint8), np.zeros(2 * NBLOCKS * PAGE, np.uint8)
+    p, pt = worker(src, "P", clock)
+    fetch = kw.pop("fetch", None) or (lambda host, port, timeout: encode(p.local))
+    d, dt = worker(dst, "D", clock, fetch=fetch, **kw)
+    return clock, src, dst, p, pt, d, dt
+
+
+def load_job(d_req="r1", plan_runs=(Run(1, 2, 5, 2), Run(0, 7, 3))):
+    from hybrid_pd.connector.messages import RemotePrefill
+    from hybrid_pd.connector.plan import TransferPlan
+    from hybrid_pd.connector.worker_side import LoadJob
+
+    rp = RemotePrefill("P", "p-" + d_req, "h", 7, [[0]], 8, 9)
+    return LoadJob(d_req, rp, TransferPlan(tuple(plan_runs), 8))
+
+
+def drive(w: WorkerSide, rounds=50):
+    import time
+
+    out = None
+    for _ in range(rounds):
+        out = w.poll()
+        if out.finished_recving or out.finished_sending:
+            return out
+        time.sleep(0.01)
+    return out
+
+
+def test_load_reads_the_plan_notifies_and_the_prefiller_frees():
+    clock, src, dst, p, pt, d, dt = pair()
+    p.start(StepMeta(leases={"p-r1": 30}))
+    d.start(StepMeta(loads=[load_job()]))
+    res = drive(d)
+    assert res.finished_recving == {"r1"} and not res.failed_recving
+    a = NBLOCKS * PAGE
+    assert (dst[a + 2 * PAGE:a + 4 * PAGE] == src[a + 5 * PAGE:a + 7 * PAGE]).all()
+    assert (dst[7 * PAGE:7 * PAGE + STATE] == src[3 * PAGE:3 * PAGE + STATE]).all()
+    assert len(dt.reads[0]) == 2  # 2 adjacent attention blocks: one descriptor; one state
+    assert d.stats[0].bytes == 2 * PAGE + STATE and d.stats[0].descriptors == 2
+    assert p.poll().finished_sending == {"p-r1"}
+
+
+def test_failed_read_is_reported_failed_and_the_peer_is_re_handshaken():
+    clock, src, dst, p, pt, d, dt = pair()
+    dt.fail_reads = True
+    d.start(StepMeta(loads=[load_job()]))
+    res = drive(d)
+    assert res.finished_recving == {"r1"} == res.failed_recving and d.stats[-1].failed
+    assert decode_notification(pt.notifications()[0]) == Rejected("p-r1", reason="READ from %s failed" % pt.name)
+    assert d._peers == {}  # forgotten: the next request handshakes again
+
+
+def test_stalled_read_fails_at_its_deadline():
+    clock, src, dst, p, pt, d, dt = pair(read_timeout_s=5)
+    dt.stall_reads = True
+    d.start(StepMeta(loads=[load_job()]))
+    assert not drive(d, rounds=5).finished_recving
+    clock.now = 6
+    res = d.poll()
+    assert res.failed_recving == {"r1"}
+
+
+def test_dead_side_channel_fails_the_request_not_the_engine():
+    def fetch(host, port, timeout):
+        raise HandshakeError("no answer")
+
+    clock, src, dst, p, pt, d, dt = pair(fetch=fetch)
+    d.start(StepMeta(loads=[load_job()]))
+    assert drive(d).failed_recving == {"r1"}
+
+
+def test_lease_expiry_and_early_notifications_free_the_prefiller_blocks():
+    clock, src, dst, p, pt, d, dt = pair()
+    pt.inbox.append(encode(Done("early")))  # D's Done can beat the lease to P's worker
+    assert p.poll().finished_sending == set()
+    p.start(StepMeta(leases={"early": 30, "slow": 30}))
+    assert p.poll().finished_sending == {"early"}
+    clock.now = 31
+    assert p.poll().finished_sending == {"slow"}
+    pt.inbox.append(b"garbage")
+    assert p.poll().finished_sending == set()
