@@ -171,6 +171,8 @@ class ProxyConfig:
             out.append("--queue-timeout must be > 0 seconds")
         if self.health.interval_s < 0 or self.health.failures_to_eject < 1 or self.health.successes_to_readmit < 1:
             out.append("--health-interval must be >= 0, --health-failures and --health-successes >= 1")
+        if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            out.append(f"--log-level {self.log_level!r}: choose DEBUG, INFO, WARNING, ERROR or CRITICAL")
         if not self.routing.session_header or not self.routing.session_header.isascii():
             out.append("--session-header must be a non-empty ASCII header name")
         return out

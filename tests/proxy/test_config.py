@@ -48,6 +48,7 @@ def test_file_then_env_then_flags(tmp_path):
     (D + ["--decode-events", "tcp://a:1", "--decode-events", "tcp://b:1"], "--decode-events"),
     (["--decode", "ftp://x"], "--decode"),
     (D + ["--max-in-flight", "0"], "--max-in-flight"),
+    (D + ["--log-level", "chatty"], "--log-level"),
 ])
 def test_refusals_name_the_flag(argv, flag):
     with pytest.raises(ConfigError) as e:
