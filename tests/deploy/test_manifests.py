@@ -133,8 +133,10 @@ def test_worker_arguments_are_accepted_by_the_launcher(rendered, monkeypatch):
             cfg.port, cfg.side_channel_port, cfg.kv_events_port)
 
 
-def test_proxy_arguments_are_accepted_by_the_proxy(rendered):
+def test_proxy_arguments_are_accepted_by_the_proxy(rendered, monkeypatch):
     _, docs = rendered
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # what the kubelet sets in every pod
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     c = by_kind(docs, "Deployment")["hybrid-pd-proxy"]["spec"]["template"]["spec"]["containers"][0]
     cfg = load_config(expand(c["args"], {"POD_NAMESPACE": "serving"}), env={})
     assert cfg.discovery == "k8s" and cfg.k8s.namespace == "serving"
