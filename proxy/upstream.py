@@ -26,8 +26,10 @@ class Upstream:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
+        # No cookie jar: a cookie one worker sets must not reach other clients' requests, and skipping the
+        # jar saves its per-request filtering and update.
         self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False,
+            connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect_s))
 
     async def close(self) -> None:
