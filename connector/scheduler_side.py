@@ -27,8 +27,8 @@ MARK_TRUNCATED = "_hybrid_pd_truncated"
 class CheckpointStore(Protocol):
     """Access to the engine's prefix cache for Mamba checkpoints (implemented over vLLM's block pool)."""
 
-    def pin(self, request: Any, group: int, tokens: int) -> int | None:
-        """P: pin the cached checkpoint of `request` for boundary `tokens`; its block id, or None."""
+    def pin(self, request: Any, group: int, tokens: int) -> tuple[int, int] | None:
+        """P: pin the deepest cached checkpoint of `request` at or below `tokens`: (block id, boundary)."""
 
     def reserve(self, group: int) -> int | None:
         """D: take a free block to receive a checkpoint; None if the pool is short."""
@@ -100,9 +100,10 @@ class SchedulerSide:
             boundary = num_tokens // spec.block_size * spec.block_size
             if spec.kind != "mamba" or not 0 < boundary < num_tokens:
                 continue
-            block = self.store.pin(request, g, boundary)
-            if block is not None:
-                refs.append(CheckpointRef(g, block, boundary))
+            pinned = self.store.pin(request, g, boundary)
+            if pinned is not None:
+                block, tokens = pinned
+                refs.append(CheckpointRef(g, block, tokens))
                 self._pinned.setdefault(request.request_id, []).append(block)
         return refs
 
@@ -145,6 +146,9 @@ class SchedulerSide:
             self._meta.loads.append(LoadJob(request.request_id, remote, None, f"no transfer plan: {e}",
                                             fail=True))
             return
+        log.info("request %s: load %d tokens from %s, local hit %d, %d blocks in %d runs, checkpoints %s",
+                 request.request_id, num_tokens, remote.remote_engine_id, hit, plan.num_blocks, len(plan.runs),
+                 [(c.tokens, c.local_block) for c in plan.checkpoints])
         self._release([c for c in landing if c not in plan.checkpoints])
         if plan.checkpoints:
             self._landing[request.request_id] = (request, list(plan.checkpoints))

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorTransferResults, SupportsHMA,
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, SupportsHMA,
 )
 from vllm.v1.core.kv_cache_utils import resolve_block_hashes
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
@@ -52,19 +52,22 @@ class BlockPoolCheckpoints:
         self.pool, self.groups = block_pool, groups
         self._held: dict[int, Any] = {}
 
-    def pin(self, request, group: int, tokens: int) -> int | None:
+    def pin(self, request, group: int, tokens: int) -> tuple[int, int] | None:
+        """The deepest checkpoint P holds for `request` at or below `tokens`: (block id, its boundary)."""
         bs = self.groups[group].block_size
         hashes = resolve_block_hashes(request.block_hashes, self.pool.hash_block_size, bs)
-        idx = tokens // bs - 1
-        if idx >= len(hashes):
-            return None
-        hit = self.pool.get_cached_block(hashes[idx], [group])
-        if not hit:
-            log.info("request %s: no cached Mamba checkpoint at %d tokens to ship", request.request_id, tokens)
-            return None
-        self.pool.touch(hit)
-        self._held[hit[0].block_id] = hit[0]
-        return hit[0].block_id
+        # vLLM's align mode (prefix_cache_retention_interval) does not always keep the state at the last
+        # boundary of a request that started from a prefix hit: fall back to the deepest one it kept.
+        for idx in range(min(tokens // bs, len(hashes)) - 1, -1, -1):
+            hit = self.pool.get_cached_block(hashes[idx], [group])
+            if hit:
+                self.pool.touch(hit)
+                self._held[hit[0].block_id] = hit[0]
+                if (idx + 1) * bs < tokens:
+                    log.info("request %s: no Mamba checkpoint at %d tokens on P, shipping the one at %d",
+                             request.request_id, tokens, (idx + 1) * bs)
+                return hit[0].block_id, (idx + 1) * bs
+        return None
 
     def reserve(self, group: int) -> int | None:
         if self.pool.get_num_free_blocks() < 64:  # never compete with running requests for the last blocks
@@ -79,6 +82,8 @@ class BlockPoolCheckpoints:
         idx = tokens // bs - 1
         blocks = [self.pool.null_block] * idx + [block]
         self.pool.cache_full_blocks(request, blocks, idx, idx + 1, bs, group)
+        log.info("request %s: Mamba checkpoint at %d tokens registered in block %d", request.request_id,
+                 tokens, block_id)
 
     def release(self, block_ids) -> None:
         blocks = [self._held.pop(b) for b in block_ids if b in self._held]
@@ -202,14 +207,21 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
     def wait_for_save(self) -> None:
         return
 
-    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+    def get_transfer_results(self, finished_req_ids: set[str]):
+        # vLLM >= 0.32 (failed loads reported per request); older releases call get_finished
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+
         if self.worker is None:
             return KVConnectorTransferResults()
         r = self.worker.poll()
         return KVConnectorTransferResults(r.finished_sending, r.finished_recving, r.failed_recving)
 
     def get_finished(self, finished_req_ids: set[str]):
-        r = self.get_transfer_results(finished_req_ids)
+        if self.worker is None:
+            return None, None
+        r = self.worker.poll()  # no failed_recving channel before 0.32: a failed load finishes as loaded
+        if r.failed_recving:
+            log.error("KV loads failed for %s and this vLLM cannot report it per request", r.failed_recving)
         return r.finished_sending or None, r.finished_recving or None
 
     def get_kv_connector_stats(self):

@@ -33,7 +33,7 @@ class FakeStore:
 
     def pin(self, request, group, tokens):
         self.pinned.append((group, tokens))
-        return 50
+        return 50, tokens
 
     def reserve(self, group):
         self.next += 1
