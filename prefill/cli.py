@@ -50,7 +50,7 @@ def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
     ap.add_argument("--advertise-host", default=None,
                     help="address peers dial for the NIXL side channel (default: --host, or $POD_IP)")
     ap.add_argument("--port", type=int, default=d["port"])
-    ap.add_argument("--connector", default="upstream", choices=["hybrid", "upstream", "none"],
+    ap.add_argument("--connector", default="hybrid", choices=["hybrid", "upstream", "none"],
                     help="hybrid: our connector; upstream: vLLM's NixlConnector (the baseline); none: no PD")
     ap.add_argument("--side-channel-port", type=int, default=d["side_channel_port"],
                     help="NIXL handshake port (one per TP rank from here)")

@@ -58,7 +58,7 @@ class WorkerConfig:
     host: str = "127.0.0.1"
     advertise_host: str | None = None  # what peers dial (NIXL side channel); default: host, or $POD_IP
     port: int = 8100
-    connector: ConnectorName = "upstream"
+    connector: ConnectorName = "hybrid"
     side_channel_port: int = 5600
     kv_events_port: int = 5700
     device: Literal["cpu", "gpu"] = "cpu"

@@ -56,7 +56,7 @@ class PeakMemory:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="hybrid-pd demo", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--connector", default="upstream", choices=["hybrid", "upstream"])
+    ap.add_argument("--connector", default="hybrid", choices=["hybrid", "upstream"])
     ap.add_argument("--model", default="tiny", help="model for every worker ('tiny': the built-in one)")
     ap.add_argument("--device", choices=["cpu", "gpu"], default=None, help="default: what vLLM is built for")
     ap.add_argument("--prefill-gpu", default="0", help="CUDA_VISIBLE_DEVICES of the prefill worker")

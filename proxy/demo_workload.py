@@ -13,12 +13,12 @@ import statistics
 import time
 import urllib.request
 
-TRANSFER_METRICS = {  # the connector's counters on the decoder, summed over label sets
-    "bytes": "vllm:nixl_bytes_transferred_sum",
-    "descriptors": "vllm:nixl_num_descriptors_sum",
-    "transfers": "vllm:nixl_xfer_time_seconds_count",
-    "transfer_seconds": "vllm:nixl_xfer_time_seconds_sum",
-    "failed_transfers": "vllm:nixl_num_failed_transfers_total",
+TRANSFER_METRICS = {  # the decoder connector's counters, summed over label sets: (upstream's, ours)
+    "bytes": ("vllm:nixl_bytes_transferred_sum", "vllm:hybrid_pd_bytes_transferred_sum"),
+    "descriptors": ("vllm:nixl_num_descriptors_sum", "vllm:hybrid_pd_descriptors_sum"),
+    "transfers": ("vllm:nixl_xfer_time_seconds_count", "vllm:hybrid_pd_xfer_time_seconds_count"),
+    "transfer_seconds": ("vllm:nixl_xfer_time_seconds_sum", "vllm:hybrid_pd_xfer_time_seconds_sum"),
+    "failed_transfers": ("vllm:nixl_num_failed_transfers_total", "vllm:hybrid_pd_failed_transfers_total"),
 }
 SYSTEM = ("You are a helpful agent. The quick brown fox jumps over the lazy dog; the prefix cache keeps the "
           "mamba state of every attention block. ") * 12
@@ -87,8 +87,8 @@ def workload(model: str, max_tokens: int = 16) -> list[tuple[str, dict, bool]]:
 def transfer_counters(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         lines = [ln for ln in r.read().decode().splitlines() if ln and not ln.startswith("#")]
-    return {key: sum(float(ln.rpartition(" ")[2]) for ln in lines if ln.split("{")[0].split(" ")[0] == name)
-            for key, name in TRANSFER_METRICS.items()}
+    return {key: sum(float(ln.rpartition(" ")[2]) for ln in lines if ln.split("{")[0].split(" ")[0] in names)
+            for key, names in TRANSFER_METRICS.items()}
 
 
 def run_workload(proxy_url: str, decode_url: str, model: str, reference_url: str | None = None) -> dict:

@@ -65,7 +65,7 @@ def measure(setup, requests, oracle) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setups", default="colocated,upstream,hybrid-pd-1p1d,hybrid-pd-2p1d")
-    ap.add_argument("--connector", default="upstream", choices=["upstream", "hybrid"],
+    ap.add_argument("--connector", default="hybrid", choices=["upstream", "hybrid"],
                     help="KV connector of the hybrid-pd set-ups")
     ap.add_argument("--out", type=Path, default=Path("tests/bench/results/cpu"))
     args = ap.parse_args(argv)
