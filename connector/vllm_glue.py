@@ -174,7 +174,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 continue
             tensors = kv_caches[layer] if isinstance(kv_caches[layer], (list, tuple)) else [kv_caches[layer]]
             for k, t in enumerate(tensors):
-                if not t[0].is_contiguous():
+                if not block_is_dense(t):
                     raise ConfigurationError(f"layer {layer}: one block is not contiguous in memory "
                                              f"(shape {tuple(t.shape)}, strides {t.stride()})")
                 name = layer if len(tensors) == 1 else f"{layer}#{k}"
@@ -255,3 +255,17 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         if self.worker is not None:
             self.worker.close()
             self.worker.transport.close()
+
+
+def block_is_dense(t) -> bool:
+    """One block (t[i]) fills one contiguous byte range, whatever the order of its inner dimensions: vLLM's
+    GPU attention cache is (blocks, 2, block_size, heads*dim) with K/V interleaved per token (strides
+    (20480, 128, 256, 1) on vLLM 0.26), which is not `is_contiguous()` yet moves as one range per block."""
+    dims = sorted((t.stride(d), t.shape[d]) for d in range(1, t.dim()) if t.shape[d] != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return t.dim() == 1 or t.stride(0) >= expected
+
