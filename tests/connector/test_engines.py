@@ -2,7 +2,8 @@
 ships Mamba checkpoints D can reuse, survives a dead prefiller, and leaks no blocks on P.
 
 Never more than two engines at once (2-core test bed): first REF (`--connector none`) computes every
-reference output, then P + D (`--connector hybrid`), then P_OTHER (other weights) + D.
+reference output, then P_OTHER (other weights) + D, then P + D: D outlives the killed P_OTHER and pairs
+with P, a new prefiller, without a restart.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class Engines:
         self.launch, self.running = launch, {}
         self.specs = {
             "ref": ("decode", "none", "1", tiny_model, {}),
-            "p": ("prefill", "hybrid", "0", tiny_model, {"HYBRID_PD_LEASE_S": "20"}),
-            "p_other": ("prefill", "hybrid", "0", other_model, {"HYBRID_PD_LEASE_S": "20"}),
+            "p": ("prefill", "hybrid", "0", tiny_model, {"HYBRID_PD_LEASE_S": "10"}),
+            "p_other": ("prefill", "hybrid", "0", other_model, {"HYBRID_PD_LEASE_S": "10"}),
             "d": ("decode", "hybrid", "1", tiny_model, {"HYBRID_PD_READ_TIMEOUT_S": "10"}),
         }
 
@@ -120,6 +121,44 @@ def d_metrics(url: str) -> dict[str, float]:
 
 def delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before[k] for k in before}
+
+
+def test_prefiller_with_other_weights_changes_the_output(engines, reference):
+    urls = engines.up("p_other", "d")
+    before = d_metrics(urls["d"])
+    _, d_resp = pd_complete(urls["p_other"], urls["d"], text_of(500, 42))
+    assert delta(before, d_metrics(urls["d"]))["hybrid_pd_bytes_transferred_sum"] > 0
+    assert d_resp["choices"][0]["text"] != reference["other"]
+
+
+def test_dead_prefiller_means_recompute_within_the_deadline(engines, reference):
+    urls = engines.up("p_other", "d")
+    prompt = text_of(400, 77)
+    p_resp = complete(urls["p_other"], prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    victim = engines.running.pop("p_other")
+    for proc in [*victim.descendants(), psutil.Process(victim.pid)]:  # vLLM runs in its own group
+        proc.send_signal(signal.SIGKILL)
+    victim.stop()
+    before = d_metrics(urls["d"])
+    start = time.monotonic()
+    d_resp = complete(urls["d"], prompt, kv_transfer_params=p_resp["kv_transfer_params"])
+    took = time.monotonic() - start
+    assert took < 30, f"D took {took:.1f} s"
+    # recomputed by D with the right weights: the dead prefiller's (other) weights left no trace
+    assert d_resp["choices"][0]["text"] == reference["killed"]
+    assert delta(before, d_metrics(urls["d"]))["hybrid_pd_failed_transfers_total"] == 1
+    # and D still serves
+    assert complete(urls["d"], "hello world", max_tokens=2)["choices"][0]["text"] is not None
+
+
+def test_restarted_prefiller_is_handshaken_again(engines, reference):
+    """A new prefiller (new engine id, same side-channel role) after the old one died: D simply pairs up."""
+    urls = engines.up("p", "d")
+    before = d_metrics(urls["d"])
+    _, d_resp = pd_complete(urls["p"], urls["d"], text_of(700, 700))
+    assert d_resp["choices"][0]["text"] == reference["pd"][700]
+    m = delta(before, d_metrics(urls["d"]))
+    assert m["hybrid_pd_bytes_transferred_count"] == 1 and m["hybrid_pd_failed_transfers_total"] == 0
 
 
 @pytest.mark.parametrize("n_words", sorted(PD_PROMPTS))
@@ -214,48 +253,10 @@ def test_prefiller_frees_every_block_once_decoder_is_done(engines):
     while d_metrics(urls["p"])["kv_cache_usage_perc"] > 0:  # leases end when D says done
         assert time.monotonic() < deadline, "prefiller still holds blocks"
         time.sleep(0.5)
-    # a prefill whose decode never comes is freed when its lease (20 s here) expires
+    # a prefill whose decode never comes is freed when its lease (10 s here) expires
     complete(urls["p"], text_of(300, 4242), max_tokens=1, kv_transfer_params={"do_remote_decode": True})
     assert d_metrics(urls["p"])["kv_cache_usage_perc"] > 0
     deadline = time.monotonic() + 60
     while d_metrics(urls["p"])["kv_cache_usage_perc"] > 0:
         assert time.monotonic() < deadline, "lease did not expire"
         time.sleep(1)
-
-
-def test_prefiller_with_other_weights_changes_the_output(engines, reference):
-    urls = engines.up("p_other", "d")
-    before = d_metrics(urls["d"])
-    _, d_resp = pd_complete(urls["p_other"], urls["d"], text_of(500, 42))
-    assert delta(before, d_metrics(urls["d"]))["hybrid_pd_bytes_transferred_sum"] > 0
-    assert d_resp["choices"][0]["text"] != reference["other"]
-
-
-def test_dead_prefiller_means_recompute_within_the_deadline(engines, reference):
-    urls = engines.up("p_other", "d")
-    prompt = text_of(400, 77)
-    p_resp = complete(urls["p_other"], prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
-    victim = engines.running.pop("p_other")
-    for proc in [*victim.descendants(), psutil.Process(victim.pid)]:  # vLLM runs in its own group
-        proc.send_signal(signal.SIGKILL)
-    victim.stop()
-    before = d_metrics(urls["d"])
-    start = time.monotonic()
-    d_resp = complete(urls["d"], prompt, kv_transfer_params=p_resp["kv_transfer_params"])
-    took = time.monotonic() - start
-    assert took < 30, f"D took {took:.1f} s"
-    # recomputed by D with the right weights: the dead prefiller's (other) weights left no trace
-    assert d_resp["choices"][0]["text"] == reference["killed"]
-    assert delta(before, d_metrics(urls["d"]))["hybrid_pd_failed_transfers_total"] == 1
-    # and D still serves
-    assert complete(urls["d"], "hello world", max_tokens=2)["choices"][0]["text"] is not None
-
-
-def test_restarted_prefiller_is_handshaken_again(engines, reference):
-    """A new prefiller (new engine id, same side-channel role) after the old one died: D simply pairs up."""
-    urls = engines.up("p", "d")
-    before = d_metrics(urls["d"])
-    _, d_resp = pd_complete(urls["p"], urls["d"], text_of(700, 700))
-    assert d_resp["choices"][0]["text"] == reference["pd"][700]
-    m = delta(before, d_metrics(urls["d"]))
-    assert m["hybrid_pd_bytes_transferred_count"] == 1 and m["hybrid_pd_failed_transfers_total"] == 0
