@@ -28,6 +28,9 @@ CONNECTORS: dict[str, dict[str, str]] = {
     "upstream": {"kv_connector": "NixlConnector"},
 }
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# vLLM < 0.27 derives the root block hash (NONE_HASH) from os.urandom unless PYTHONHASHSEED is set: workers
+# and the proxy could never agree on block hashes. The launchers then set this seed (the proxy tries it too).
+LAUNCHER_HASH_SEED = "0"
 # Flags the launcher owns: passing them through `--` would silently undo a validated choice.
 OWNED_VLLM_FLAGS = {
     "--model": "--model",
@@ -211,11 +214,30 @@ class WorkerConfig:
                    UCX_RCACHE_MAX_UNRELEASED=env.get("UCX_RCACHE_MAX_UNRELEASED", "1024"))
         if self.host.startswith("127.") or self.host == "localhost":
             env.setdefault("UCX_NET_DEVICES", "lo")  # keep UCX's TCP transport on loopback
+        if "PYTHONHASHSEED" not in env and vllm_none_hash_is_random():
+            env["PYTHONHASHSEED"] = LAUNCHER_HASH_SEED
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
             if self.cpu_bind is not None:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind
         return {k: v for k, v in env.items() if v != ""}
+
+
+def vllm_none_hash_is_random(source: str | None = None) -> bool:
+    """True when the installed vLLM seeds NONE_HASH with random bytes if PYTHONHASHSEED is unset (< 0.27; later
+    releases fall back to the fixed "vllm-none-hash"). Reads vLLM's source instead of importing it."""
+    if source is None:
+        import importlib.util
+
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or not spec.submodule_search_locations:
+            return False
+        path = Path(list(spec.submodule_search_locations)[0]) / "v1" / "core" / "kv_cache_utils.py"
+        try:
+            source = path.read_text()
+        except OSError:
+            return False
+    return "NONE_HASH = BlockHash(os.urandom" in source and "DEFAULT_NONE_HASH_SEED" not in source
 
 
 def model_kind(model: str) -> Literal["hybrid", "attention", "unknown"]:

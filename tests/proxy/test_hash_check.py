@@ -49,3 +49,15 @@ def test_index_uses_the_learned_granularity():
     bad = KVIndex(seed="other")
     bad.apply("http://w:1", KVEventBatch(0, [ev_attn, ev_mamba]))
     assert bad.hashes_verified is False
+
+
+def test_index_adopts_the_launchers_seed_of_workers_on_older_vllm():
+    """vLLM < 0.27 seeds NONE_HASH randomly unless PYTHONHASHSEED is set; our launchers then set "0". A proxy
+    left on the default seed finds that out from the first event and hashes prompts with it."""
+    h8 = chained_block_hashes(TOKENS, 8, seed="0")
+    idx = KVIndex()
+    idx.apply("http://w:1", KVEventBatch(0, [event([h8[0]], TOKENS[:8])]))
+    assert idx.hashes_verified is True and idx.seed == "0"
+    pinned = KVIndex(seed="7")  # a seed the operator set is never second-guessed
+    pinned.apply("http://w:1", KVEventBatch(0, [event([h8[0]], TOKENS[:8])]))
+    assert pinned.hashes_verified is False and pinned.seed == "7"
