@@ -71,6 +71,7 @@ class _Active:
     deadline: float
     started: float
     handle: object | None = None
+    posted: float | None = None  # when the READ was posted: transfer time runs from here, like upstream's
     stats: TransferStats | None = None
 
 
@@ -109,10 +110,17 @@ class WorkerSide:
         self._peers.pop((remote.remote_engine_id, remote.remote_host, remote.remote_port), None)
 
     def start(self, meta: StepMeta) -> None:
+        """Register this step's loads and post the READs of those whose peer is known, so that they run
+        during the step's forward pass; the rest are posted by `poll` once their handshake is done."""
         now = self._clock()
         for job in meta.loads:
-            self._active[job.request_id] = _Active(job, now + self.read_timeout_s, now)
-            self._peer(job.remote)
+            act = self._active[job.request_id] = _Active(job, now + self.read_timeout_s, now)
+            peer = self._peer(job.remote)
+            if job.plan is not None and not job.fail and peer.future.done() and not peer.future.exception():
+                try:
+                    self._post(act, *peer.future.result())
+                except ConnectorError:
+                    pass  # poll() posts again, meets the same error and fails the request there
         for req_id, lease_s in meta.leases.items():
             self._leases[req_id] = now + lease_s
 
@@ -129,13 +137,9 @@ class WorkerSide:
             if job.plan is None:
                 self.transport.notify(agent, encode(Rejected(job.remote.remote_request_id, reason=job.reason)))
                 return True
-            descs = descriptors(self.local.regions, theirs.regions, job.plan.runs)
-            act.stats = TransferStats(job.request_id, sum(d.length for d in descs), len(descs),
-                                      checkpoints=len(job.plan.checkpoints))
-            if not descs:
+            if not self._post(act, theirs, agent):
                 self.transport.notify(agent, encode(Done(job.remote.remote_request_id)))
                 return True
-            act.handle = self.transport.read(agent, descs)
         if not self.transport.poll(act.handle):
             return False
         self.transport.release(act.handle)
@@ -144,6 +148,18 @@ class WorkerSide:
             self.transport.notify(agent, encode(Done(job.remote.remote_request_id)))
         except TransportError as e:  # the data landed; P's lease frees its blocks
             log.warning("request %s: could not tell the prefiller it is done: %s", job.request_id, e)
+        return True
+
+    def _post(self, act: _Active, theirs: Handshake, agent: str) -> bool:
+        """Post the READ of `act`'s plan; False when there is nothing to read."""
+        plan = act.job.plan
+        descs = descriptors(self.local.regions, theirs.regions, plan.runs)
+        act.stats = TransferStats(act.job.request_id, sum(d.length for d in descs), len(descs),
+                                  checkpoints=len(plan.checkpoints))
+        if not descs:
+            return False
+        act.posted = self._clock()
+        act.handle = self.transport.read(agent, descs)
         return True
 
     def _fail(self, act: _Active, err: Exception, results: Results) -> None:
@@ -191,7 +207,7 @@ class WorkerSide:
                 if act.job.plan is not None:
                     results.finished_recving.add(req_id)
                     stats = act.stats or TransferStats(req_id)
-                    stats.seconds = self._clock() - act.started
+                    stats.seconds = self._clock() - (act.posted or act.started)
                     self.stats.append(stats)
         self._poll_leases(results, now)
         return results

@@ -21,6 +21,8 @@ def hash_granularity(ev: BlockStored, algo: str, seed: str) -> int | None:
     bs = ev.block_size
     if not ev.block_hashes or bs <= 0 or len(ev.token_ids) < bs or any(k is not None for k in ev.extra_keys or ()):
         return CANNOT_TELL
+    if len(ev.token_ids) != len(ev.block_hashes) * bs:
+        return CANNOT_TELL  # a sparse (Mamba) store: vLLM 0.26 lists only the kept blocks' hashes over the span
     parent = ev.parent_block_hash
     if isinstance(parent, int):
         return CANNOT_TELL  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES truncates: the chain cannot be continued

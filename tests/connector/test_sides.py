@@ -171,6 +171,18 @@ def test_load_reads_the_plan_notifies_and_the_prefiller_frees():
     assert p.poll().finished_sending == {"p-r1"}
 
 
+def test_reads_to_a_known_peer_are_posted_when_the_step_starts():
+    """The first load waits for its handshake (posted by poll); later ones are posted by start(), so the READ
+    runs during the step's forward pass and lands by the step's poll, as upstream's does."""
+    clock, src, dst, p, pt, d, dt = pair()
+    p.start(StepMeta(leases={"p-r1": 30, "p-r2": 30}))
+    d.start(StepMeta(loads=[load_job("r1")]))
+    assert drive(d).finished_recving == {"r1"} and len(dt.reads) == 1
+    d.start(StepMeta(loads=[load_job("r2")]))
+    assert len(dt.reads) == 2  # posted before any poll
+    assert d.poll().finished_recving == {"r2"}
+
+
 def test_failed_read_is_reported_failed_and_the_peer_is_re_handshaken():
     clock, src, dst, p, pt, d, dt = pair()
     dt.fail_reads = True

@@ -1,0 +1,49 @@
+"""Conversations as token ids for tests and benchmarks that talk to real engines (model served as "tiny").
+
+Turn k+1 = turn k's prompt + its greedy answer + new words, built from token ids (text would re-tokenize
+across the seams and move block hashes). A *branch* of turn k+1 (turn k + answer + other words) sent straight
+to the decoder measures which prefix it can serve locally after turn k.
+"""
+
+from __future__ import annotations
+
+import random
+
+from tests.support.procs import http_json
+
+WORDS = ("the quick brown fox jumps over the lazy dog prefix cache mamba state attention block token "
+         "decode prefill engine server request model hello world one two three").split()
+ANSWER_TOKENS = 8
+
+
+def text_of(n_words: int, salt: int) -> str:
+    rng = random.Random(salt)
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+def tokenize(url: str, text: str) -> list[int]:
+    return http_json(url + "/tokenize", {"model": "tiny", "prompt": text, "add_special_tokens": False})["tokens"]
+
+
+def complete(url: str, prompt: str | list[int], max_tokens: int = 12, **extra) -> dict:
+    return http_json(url + "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+                                               "temperature": 0.0, "ignore_eos": True, **extra}, timeout=300)
+
+
+def cached(resp_or_usage: dict) -> int:
+    usage = resp_or_usage.get("usage", resp_or_usage) or {}
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+
+def colocated_pass(url: str, turns: int, salt: int) -> dict:
+    """One engine serves the conversation alone, with a branch of turn k+1 after each turn k: fixes the token
+    ids every set-up then replays, and records the engine's own hits on those branches (the bar)."""
+    prompts, texts, branches, hits = [tokenize(url, text_of(300, salt))], [], [], []
+    for k in range(turns):
+        resp = complete(url, prompts[k], ANSWER_TOKENS, return_token_ids=True)
+        texts.append(resp["choices"][0]["text"])
+        history = prompts[k] + resp["choices"][0]["token_ids"]
+        branches.append(history + tokenize(url, " " + text_of(40, salt * 1000 + k)))
+        hits.append(cached(complete(url, branches[k], 1)))
+        prompts.append(history + tokenize(url, " " + text_of(200, salt * 1000 + 500 + k)))
+    return {"prompts": prompts[:turns], "texts": texts, "branches": branches, "cached_next": hits}
