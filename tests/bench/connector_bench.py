@@ -40,6 +40,56 @@ def memcpy_gbps(nbytes: int, reps: int = 20) -> float:
     return nbytes / best / 1e9
 
 
+def _nixl_owner(q_meta, q_stop, nbytes: int) -> None:
+    """Child process: a NIXL agent owning `nbytes` of DRAM, alive until told to stop."""
+    from hybrid_pd.connector.transport import NixlTransport
+
+    buf = np.ones(nbytes, np.uint8)
+    agent = NixlTransport("bench-owner")
+    agent.register([(buf.ctypes.data, nbytes)])
+    q_meta.put((agent.metadata(), buf.ctypes.data))
+    q_stop.get(timeout=600)
+    agent.close()
+
+
+def raw_read_gbps(sizes: list[int], reps: int = 20) -> dict[int, float]:
+    """GB/s of one NIXL READ of each size between two processes on this host, outside any engine (same agent
+    set-up as the connector's: UCX, progress-thread delay): what the wire allows, without engine steps."""
+    import multiprocessing as mp
+
+    from hybrid_pd.connector.transport import Desc, NixlTransport
+
+    ctx = mp.get_context("spawn")
+    q_meta, q_stop = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_nixl_owner, args=(q_meta, q_stop, max(sizes)), daemon=True)
+    child.start()
+    agent = None
+    try:
+        meta, remote = q_meta.get(timeout=60)
+        dst = np.zeros(max(sizes), np.uint8)
+        agent = NixlTransport("bench-reader")
+        agent.register([(dst.ctypes.data, dst.nbytes)])
+        peer, out = agent.add_peer(meta), {}
+        for size in sizes:
+            best = float("inf")
+            for _ in range(reps):
+                t = time.perf_counter()
+                handle = agent.read(peer, [Desc(dst.ctypes.data, remote, size)])
+                while not agent.poll(handle):
+                    pass
+                best = min(best, time.perf_counter() - t)
+                agent.release(handle)
+            out[size] = size / best / 1e9
+        return out
+    finally:
+        if agent is not None:
+            agent.close()
+        q_stop.put(True)
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+
+
 def _timed(fn, *args) -> float:
     t = time.perf_counter()
     fn(*args)
@@ -112,18 +162,24 @@ def summarize(results: dict) -> str:
            f"Date: {results['date']}; tiny hybrid model (2 attention + 2 GDN layers), aligned block {BS} tokens, "
            f"{results['turns']}-turn conversation, {ANSWER_TOKENS} output tokens per turn, fresh P + D engines "
            "per connector.", "",
-           "| connector | bytes / minimal (sum) | descriptors / request | GB/s (median) | memcpy GB/s (median) | "
-           "D TTFT p50 ms | e2e p50 ms | equal to one engine | failed |", "|---|---|---|---|---|---|---|---|---|"]
+           "| connector | bytes / minimal (sum) | descriptors / request | GB/s in the engine (median) | raw NIXL READ "
+           "GB/s | memcpy GB/s | D TTFT p50 ms | e2e p50 ms | equal to one engine | failed |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for c in conns:
         rows = results["connectors"][c]
         gbps = [r["gbps"] for r in rows if r["gbps"]]
         mem = [r["memcpy_gbps"] for r in rows if r["memcpy_gbps"]]
+        raw = [r["raw_read_gbps"] for r in rows if r.get("raw_read_gbps")]
         out.append(f"| {c} | {sum(r['bytes'] for r in rows) / sum(r['minimal_bytes'] for r in rows):.2f} | "
                    f"{statistics.fmean(r['descriptors'] for r in rows):.1f} | "
-                   f"{statistics.median(gbps) if gbps else 0:.3f} | {statistics.median(mem) if mem else 0:.2f} | "
+                   f"{statistics.median(gbps) if gbps else 0:.3f} | {statistics.median(raw) if raw else 0:.2f} | "
+                   f"{statistics.median(mem) if mem else 0:.2f} | "
                    f"{statistics.median(r['d_ttft_s'] for r in rows) * 1e3:.0f} | "
                    f"{statistics.median(r['e2e_s'] for r in rows) * 1e3:.0f} | "
                    f"{sum(r['equal_to_colocated'] for r in rows)}/{len(rows)} | {sum(r['failed'] for r in rows)} |")
+    out += ["", "GB/s in the engine = bytes / the decoder connector's transfer time (READ posted -> completion seen "
+            "by the engine, whose steps poll it); raw NIXL READ = the same byte counts read once between two "
+            "processes outside any engine, best of 20; memcpy = numpy copy in one process, best of 20."]
     out += ["", "Per turn (bytes / minimal, descriptors, D's own hit, D-side TTFT ms):", "",
             "| turn | tokens | " + " | ".join(f"{c} bytes/min | {c} desc | {c} D hit | {c} TTFT" for c in conns)
             + " |", "|---|---|" + "---|" * 4 * len(conns)]
@@ -170,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
             rows = results["connectors"][connector] = pd_pass(p, d, conv)
         print(f"[connector-bench] {connector}: bytes {[r['bytes'] for r in rows]}, next-turn hits on D "
               f"{[r['cached_next_turn_on_d'] for r in rows]}", flush=True)
+    sizes = sorted({r["bytes"] for rows in results["connectors"].values() for r in rows if r["bytes"]})
+    raw = raw_read_gbps(sizes)
+    for rows in results["connectors"].values():
+        for r in rows:
+            r["raw_read_gbps"] = raw.get(r["bytes"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results | {"conversation": conv}, indent=1))
     (args.out / "summary.md").write_text(summarize(results))
