@@ -179,7 +179,10 @@ def summarize(results: dict) -> str:
                    f"{sum(r['equal_to_colocated'] for r in rows)}/{len(rows)} | {sum(r['failed'] for r in rows)} |")
     out += ["", "GB/s in the engine = bytes / the decoder connector's transfer time (READ posted -> completion seen "
             "by the engine, whose steps poll it); raw NIXL READ = the same byte counts read once between two "
-            "processes outside any engine, best of 20; memcpy = numpy copy in one process, best of 20."]
+            "processes outside any engine, best of 20; memcpy = numpy copy in one process, best of 20. The two "
+            "in-engine figures are not one measure: upstream records NIXL's own telemetry (xferDuration, post to "
+            "completion inside NIXL), ours the time until the engine sees the READ complete; both move the "
+            "same bytes at the raw rate, and D's TTFT is the figure a user sees."]
     out += ["", "Per turn (bytes / minimal, descriptors, D's own hit, D-side TTFT ms):", "",
             "| turn | tokens | " + " | ".join(f"{c} bytes/min | {c} desc | {c} D hit | {c} TTFT" for c in conns)
             + " |", "|---|---|" + "---|" * 4 * len(conns)]
