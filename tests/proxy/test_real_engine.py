@@ -9,7 +9,6 @@ default proxy suite stays fast.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 
 import aiohttp
@@ -27,8 +26,6 @@ WORDS = "the quick brown fox jumps over the lazy dog prefix cache mamba state at
 
 @pytest.fixture(scope="module")
 def engine(request):
-    if "engines" not in (request.config.option.markexpr or "") and os.environ.get("HYBRID_PD_PROXY_ENGINES") != "1":
-        pytest.skip("real engine: run with -m engines or HYBRID_PD_PROXY_ENGINES=1")
     launch, tiny_model = request.getfixturevalue("launch"), request.getfixturevalue("tiny_model")
     port = free_port()
     argv = worker_argv("decode", connector="none", port=port, cpu_bind="1", model=tiny_model)
