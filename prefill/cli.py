@@ -66,6 +66,10 @@ def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--no-prefix-caching", action="store_true", help="refused for hybrid models")
     ap.add_argument("--mamba-cache-mode", default="align")
+    ap.add_argument("--checkpoint-every", type=int, default=0, metavar="TOKENS",
+                    help="keep a Mamba checkpoint every TOKENS prompt tokens (a multiple of the aligned block), so "
+                         "prompts that diverge mid-way still hit; also caps a step at TOKENS tokens (0: vLLM's "
+                         "default, the prompt's last boundary only)")
     ap.add_argument("--conv-state-layout", default="DS", choices=["DS", "SD"])
     ap.add_argument("--nixl-progress-delay-us", type=int, default=1000,
                     help="NIXL progress-thread poll delay (0 spins a whole core)")
@@ -87,6 +91,7 @@ def config_from_args(args: argparse.Namespace, role: str, check_ports_free: bool
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, tensor_parallel_size=args.tensor_parallel_size,
         prefix_caching=not args.no_prefix_caching, mamba_cache_mode=args.mamba_cache_mode,
+        checkpoint_every=args.checkpoint_every,
         conv_state_layout=args.conv_state_layout, nixl_progress_delay_us=args.nixl_progress_delay_us,
         seed=args.seed,
         served_model_name=args.served_model_name or (TINY_SERVED_NAME if args.model == "tiny" else None),

@@ -43,6 +43,7 @@ OWNED_VLLM_FLAGS = {
     "--mamba-cache-mode": "--mamba-cache-mode",
     "--max-model-len": "--max-model-len",
     "--seed": "--seed",
+    "--prefix-cache-retention-interval": "--checkpoint-every",
 }
 WILDCARDS = ("0.0.0.0", "::", "")
 HYBRID_LAYER_KINDS = {"linear_attention", "mamba", "mamba2", "ssm", "conv", "short_conv", "gdn"}
@@ -74,6 +75,10 @@ class WorkerConfig:
     tensor_parallel_size: int = 1
     prefix_caching: bool = True
     mamba_cache_mode: str = "align"
+    # Keep a Mamba checkpoint every N prompt tokens (a multiple of the aligned block): prefill chunks end there
+    # and vLLM retains the state, so a prompt that diverges mid-way still hits the last boundary before the
+    # divergence. 0: vLLM's default, only the prompt's last boundary (and shared-prefix junctions).
+    checkpoint_every: int = 0
     conv_state_layout: str = "DS"
     nixl_progress_delay_us: int = 1000
     seed: int = 0
@@ -110,6 +115,13 @@ class WorkerConfig:
         if self.connector != "none" and self.peer_host in WILDCARDS:
             problems.append(f"--host {self.host} binds every interface, so peers need an address to dial: "
                             "pass --advertise-host (or set POD_IP)")
+        if self.checkpoint_every < 0 or (self.checkpoint_every and not self.prefix_caching):
+            problems.append(f"--checkpoint-every {self.checkpoint_every}: give a positive multiple of the aligned "
+                            "block size (with prefix caching on), or 0 for vLLM's default")
+        elif self.checkpoint_every and self.checkpoint_every < self.max_num_batched_tokens:
+            warnings.append(f"--checkpoint-every {self.checkpoint_every} caps a step at {self.checkpoint_every} "
+                            f"tokens (not --max-num-batched-tokens {self.max_num_batched_tokens}): prefill chunks "
+                            "must end on every checkpoint")
         if self.connector not in ("hybrid", "upstream", "none"):
             problems.append(f"--connector {self.connector}: choose hybrid, upstream or none")
         problems += self._check_ports()
@@ -185,13 +197,15 @@ class WorkerConfig:
                 "--model", self.model, "--host", self.host, "--port", str(self.port),
                 "--max-model-len", str(self.max_model_len),
                 "--max-num-seqs", str(self.max_num_seqs),
-                "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+                "--max-num-batched-tokens", str(self.checkpoint_every or self.max_num_batched_tokens),
                 "--tensor-parallel-size", str(self.tensor_parallel_size),
                 "--seed", str(self.seed),
                 "--kv-events-config", json.dumps(self.kv_events_config()),
                 "--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens
         if self.prefix_caching:
             args += ["--enable-prefix-caching", "--mamba-cache-mode", self.mamba_cache_mode]
+            if self.checkpoint_every:
+                args += ["--prefix-cache-retention-interval", str(self.checkpoint_every)]
         else:
             args += ["--no-enable-prefix-caching"]
         if (ktc := self.kv_transfer_config()) is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from tests.bench.report import write_report
-from tests.bench.setups import Colocated, HybridPD, UpstreamToyProxy, running
+from tests.bench.setups import Colocated, HybridPD, Setup, UpstreamToyProxy, running
 from tests.bench.workloads import Tokens, all_workloads, oracle_hits
 
 BLOCK = 256  # the tiny model's aligned block on CPU (vLLM grows the attention block to the Mamba page)
@@ -68,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connector", default="hybrid", choices=["upstream", "hybrid"],
                     help="KV connector of the hybrid-pd set-ups")
     ap.add_argument("--out", type=Path, default=Path("tests/bench/results/cpu"))
+    ap.add_argument("--worker-args", default="", help="extra `hybrid-pd prefill|decode` flags for every worker, "
+                    "e.g. '--checkpoint-every 256' (a Mamba checkpoint at every block boundary)")
     args = ap.parse_args(argv)
+    Setup.worker_args = tuple(shlex.split(args.worker_args))
     from hybrid_pd.prefill.tiny_model import build_tiny_model
 
     model = str(build_tiny_model())
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
                           f"{_cores()} cores, Python {platform.python_version()}",
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "block": BLOCK,
-               "max_tokens": MAX_TOKENS, "connector": args.connector, "setups": {}}
+               "max_tokens": MAX_TOKENS, "connector": args.connector, "worker_args": args.worker_args, "setups": {}}
     for name in args.setups.split(","):
         print(f"[bench] {name}: starting", flush=True)
         with running(make_setup(name, model, logs, args.connector)) as setup:

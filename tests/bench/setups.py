@@ -40,6 +40,8 @@ def cached_of(usage: dict) -> int:
 class Setup:
     name = "setup"
 
+    worker_args: tuple[str, ...] = ()  # extra launcher flags for every worker of every set-up (run.py --worker-args)
+
     def __init__(self, model: str, logs: Path, connector: str = "upstream"):
         self.model, self.logs, self.connector = model, logs, connector
         self.procs: list[Launched] = []
@@ -48,8 +50,8 @@ class Setup:
     def worker(self, name: str, role: str, connector: str, core: str) -> Launched:
         port = free_port()
         proc = Launched(f"{self.name}-{name}", worker_argv(role, connector=connector, port=port, cpu_bind=core,
-                                                           model=self.model), f"http://127.0.0.1:{port}",
-                        self.logs)
+                                                           model=self.model, extra=self.worker_args),
+                        f"http://127.0.0.1:{port}", self.logs)
         self.procs.append(proc)
         return proc
 

