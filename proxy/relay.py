@@ -17,6 +17,7 @@ import msgspec
 from aiohttp import web
 
 from .errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from .http1 import Response
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -26,11 +27,10 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
 FixUsage = Callable[[dict[str, Any]], int | None]
 
 
-async def relay_json(resp: aiohttp.ClientResponse, fix: FixUsage, *, worker: str,
+async def relay_json(resp: Response, fix: FixUsage, *, worker: str,
                      deadline: float) -> tuple[web.Response, Any]:
     try:
-        async with asyncio.timeout_at(deadline):
-            raw = await resp.read()
+        raw = await resp.read(max(0.0, deadline - asyncio.get_running_loop().time()))
     except TimeoutError:
         raise UpstreamTimeout(f"decode worker {worker} did not finish before the total timeout", worker=worker,
                               stage="decode") from None
@@ -45,14 +45,13 @@ async def relay_json(resp: aiohttp.ClientResponse, fix: FixUsage, *, worker: str
     return web.Response(body=_encoder.encode(payload), status=resp.status, content_type="application/json"), payload
 
 
-async def relay_sse(request: web.Request, resp: aiohttp.ClientResponse, fix: FixUsage, *, worker: str,
+async def relay_sse(request: web.Request, resp: Response, fix: FixUsage, *, worker: str,
                     first_byte_timeout: float, deadline: float, on_first_byte: Callable[[], None]) -> SSEResult:
-    """Stream D's SSE to the client. The first line must come within `first_byte_timeout` seconds, or
+    """Stream D's SSE to the client. The first bytes must come within `first_byte_timeout` seconds, or
     UpstreamTimeout is raised before anything was sent. A stream that breaks later ends with an SSE error
     event (the status line is gone already); a client that goes away sets client_gone."""
-    lines = resp.content
     try:
-        first = await asyncio.wait_for(lines.readline(), first_byte_timeout)
+        first = await resp.readany(first_byte_timeout)
     except TimeoutError:
         raise UpstreamTimeout(f"decode worker {worker} sent no first byte within {first_byte_timeout:g} s",
                               worker=worker, stage="decode") from None
@@ -76,7 +75,7 @@ async def relay_sse(request: web.Request, resp: aiohttp.ClientResponse, fix: Fix
                     if b'"prompt_tokens_details"' in data or b'"kv_transfer_params"' in data:
                         data = _fix_lines(data, fix, result)
                     await out.write(data)
-                data = await lines.readany()
+                data = await resp.readany()
             if partial:  # the stream ended inside a line: pass it on as it is
                 await out.write(_fix_lines(partial, fix, result))
         await out.write_eof()

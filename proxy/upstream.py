@@ -1,18 +1,22 @@
-"""HTTP to the workers: one pooled keep-alive aiohttp session, and the one boundary where aiohttp and asyncio
-errors become the proxy's UpstreamError tree (errors.py)."""
+"""HTTP to the workers: pooled keep-alive connections (http1.py), and the one boundary where aiohttp and asyncio
+errors become the proxy's UpstreamError tree (errors.py).
+
+The calls to the workers go through http1.HTTPPool; the aiohttp session stays for what is not on a request's
+path (the Kubernetes API, with TLS and its own headers)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import msgspec
 
 from .config import Timeouts
 from .errors import UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
+from .http1 import HTTPPool, Response
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -23,16 +27,17 @@ class Upstream:
     def __init__(self, timeouts: Timeouts):
         self.timeouts = timeouts
         self._session: aiohttp.ClientSession | None = None
+        self.pool = HTTPPool(connect_timeout=timeouts.connect_s)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
-        # No cookie jar: a cookie one worker sets must not reach other clients' requests, and skipping the
-        # jar saves its per-request filtering and update.
+        # No cookie jar: a cookie one worker sets must not reach other clients' requests.
         self._session = aiohttp.ClientSession(
             connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect_s))
 
     async def close(self) -> None:
+        self.pool.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -45,64 +50,62 @@ class Upstream:
     async def post_json(self, base: str, path: str, body: Any, *, timeout: float, stage: str,
                         headers: dict[str, str] | None = None) -> Any:
         """POST a JSON body, return the decoded JSON answer; HTTP >= 400 raises UpstreamStatus."""
-        async with self._mapped(base, stage, timeout):
-            async with self.session.post(base + path, data=_encoder.encode(body),
-                                         headers={**JSON_HEADERS, **(headers or {})}) as resp:
-                raw = await resp.read()
-                return self._decode(resp.status, raw, base, stage)
+        return await self._call("POST", base, path, _encoder.encode(body), _json_headers(headers), timeout, stage)
 
     async def get_json(self, base: str, path: str, *, timeout: float, stage: str,
                        headers: dict[str, str] | None = None) -> Any:
-        async with self._mapped(base, stage, timeout):
-            async with self.session.get(base + path, headers=headers) as resp:
-                return self._decode(resp.status, await resp.read(), base, stage)
+        return await self._call("GET", base, path, None, headers, timeout, stage)
 
     async def is_healthy(self, base: str) -> bool:
         try:
-            async with asyncio.timeout(self.timeouts.health_s):
-                async with self.session.get(base + "/health") as resp:
-                    await resp.read()
-                    return resp.status == 200
+            resp = await self.pool.request("GET", base, "/health", None, None, timeout=self.timeouts.health_s)
+            try:
+                await resp.read(self.timeouts.health_s)
+            finally:
+                resp.close()
+            return resp.status == 200
         except (aiohttp.ClientError, OSError, TimeoutError):
             return False
 
     @contextlib.asynccontextmanager
     async def open_post(self, base: str, path: str, body: Any, *, first_byte_timeout: float, stage: str,
-                        headers: dict[str, str] | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
+                        headers: dict[str, str] | None = None) -> AsyncIterator[Response]:
         """POST and yield the open response once its headers arrived (HTTP >= 400 raises UpstreamStatus).
         Leaving the block closes the connection: for a response not read to its end, that aborts the request
         on the worker (vLLM aborts a request whose client went away)."""
-        async with self._mapped(base, stage, first_byte_timeout):
-            resp = await self.session.post(base + path, data=_encoder.encode(body),
-                                           headers={**JSON_HEADERS, **(headers or {})})
-            try:
-                if resp.status >= 400:
-                    raw = await resp.read()
-                    self._decode(resp.status, raw, base, stage)
-            except BaseException:
-                resp.close()
-                raise
+        try:
+            resp = await self.pool.request("POST", base, path, _encoder.encode(body), _json_headers(headers),
+                                           timeout=first_byte_timeout)
+            if resp.status >= 400:
+                try:
+                    self._decode(resp.status, await resp.read(first_byte_timeout), base, stage)
+                finally:
+                    resp.close()
+        except UpstreamError:
+            raise
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            _raise_mapped(e, base, stage, first_byte_timeout)
         try:
             yield resp
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
             raise UpstreamUnavailable(f"{stage} worker {base} broke the response: {e!r}", worker=base,
                                       stage=stage) from None
         finally:
-            resp.close()  # not release(): an unfinished stream must not go back to the pool
+            resp.close()  # an unfinished answer's connection is dropped, not pooled
 
-    @contextlib.asynccontextmanager
-    async def _mapped(self, base: str, stage: str, timeout: float) -> AsyncIterator[None]:
+    async def _call(self, method: str, base: str, path: str, body: bytes | None, headers: dict[str, str] | None,
+                    timeout: float, stage: str) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
-            async with asyncio.timeout(timeout):
-                yield
-        except UpstreamError:
-            raise
-        except TimeoutError:
-            raise UpstreamTimeout(f"{stage} worker {base} gave no answer within {timeout:g} s", worker=base,
-                                  stage=stage) from None
-        except (aiohttp.ClientError, OSError) as e:
-            raise UpstreamUnavailable(f"{stage} worker {base} unreachable: {e!r}", worker=base,
-                                      stage=stage) from None
+            resp = await self.pool.request(method, base, path, body, headers, timeout=timeout)
+            try:
+                raw = await resp.read(max(0.0, deadline - loop.time()))
+            finally:
+                resp.close()
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            _raise_mapped(e, base, stage, timeout)
+        return self._decode(resp.status, raw, base, stage)
 
     @staticmethod
     def _decode(status: int, raw: bytes, base: str, stage: str) -> Any:
@@ -116,3 +119,14 @@ class Upstream:
         if status >= 400:
             raise UpstreamStatus(status, payload, worker=base, stage=stage)
         return payload
+
+
+def _json_headers(headers: dict[str, str] | None) -> dict[str, str]:
+    return {**JSON_HEADERS, **headers} if headers else JSON_HEADERS
+
+
+def _raise_mapped(e: BaseException, base: str, stage: str, timeout: float) -> NoReturn:
+    if isinstance(e, TimeoutError):
+        raise UpstreamTimeout(f"{stage} worker {base} gave no answer within {timeout:g} s", worker=base,
+                              stage=stage) from None
+    raise UpstreamUnavailable(f"{stage} worker {base} unreachable: {e!r}", worker=base, stage=stage) from None
