@@ -5,8 +5,6 @@ once (retry later) instead of a hang."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 from .config import AdmissionConfig
 from .errors import Overloaded
@@ -21,8 +19,12 @@ class Admission:
         self.waiting = 0
         self.active = 0
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    def slot(self) -> "_Slot":
+        """`async with admission.slot():` holds one of the max_in_flight slots (a class, not a generator-based
+        context manager: this runs once per request)."""
+        return _Slot(self)
+
+    async def _enter(self) -> None:
         if self._slots.locked():
             if self.waiting >= self.cfg.max_queue:
                 raise Overloaded(f"the proxy queue is full ({self.cfg.max_in_flight} in flight, "
@@ -41,9 +43,21 @@ class Admission:
             await self._slots.acquire()
         self.active += 1
         self.metrics.in_flight.inc()
-        try:
-            yield
-        finally:
-            self.active -= 1
-            self.metrics.in_flight.dec()
-            self._slots.release()
+
+    def _exit(self) -> None:
+        self.active -= 1
+        self.metrics.in_flight.dec()
+        self._slots.release()
+
+
+class _Slot:
+    __slots__ = ("admission",)
+
+    def __init__(self, admission: Admission):
+        self.admission = admission
+
+    async def __aenter__(self) -> None:
+        await self.admission._enter()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.admission._exit()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -42,6 +44,18 @@ class ProxyMetrics:
                                      registry=r)
         self.kv_event_errors = Counter(P + "kv_event_errors", "Undecodable KV-event messages", ["worker"],
                                        registry=r)
+
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """metric.labels(*labels), looked up once per label set: prometheus_client's labels() takes a lock and
+        validates on every call, which the hot path pays several times per request. Not for metrics whose
+        children are removed (worker_healthy)."""
+        key = (metric, labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
+import itertools
+import os
 from typing import Any
 
 from aiohttp import web
@@ -35,6 +36,9 @@ from .workers import Worker
 
 log = logging.getLogger("hybrid_pd.proxy")
 FORWARDED_HEADERS = ("authorization",)
+# Request ids: unique across proxies and restarts (P and D match a transfer by it), without a uuid4 per request.
+_ID_PREFIX = f"pd-{os.urandom(8).hex()}-"
+_ids = itertools.count(1)
 
 
 class PDFlow:
@@ -42,12 +46,13 @@ class PDFlow:
         self.s = state
         self.cfg = state.config
         self.m = state.metrics
+        self.c = state.metrics.child  # cached labelled children
 
     async def serve(self, request: web.Request, req: OpenAIRequest) -> web.StreamResponse:
         """Run the flow for a parsed request; ProxyErrors propagate to the app's error boundary."""
         t0 = time.perf_counter()
         headers = {k: request.headers[k] for k in FORWARDED_HEADERS if k in request.headers}
-        headers["X-Request-Id"] = request.headers.get("X-Request-Id") or f"pd-{uuid.uuid4().hex}"
+        headers["X-Request-Id"] = request.headers.get("X-Request-Id") or f"{_ID_PREFIX}{next(_ids)}"
         ctx = RequestContext(session=request.headers.get(self.cfg.routing.session_header) or req.user,
                              token_ids=req.token_ids, cache_salt=_str_or_none(req.body.get("cache_salt")),
                              hash_algo=self.cfg.kv.hash_algo, hash_seed=self.s.kv_index.seed)
@@ -60,13 +65,13 @@ class PDFlow:
                               has_prefillers=bool(self.s.pool.all("prefill")), prompt_chars=req.prompt_chars,
                               prompt_tokens=len(ctx.token_ids) if ctx.token_ids else None,
                               decoder_hit=self._decoder_hit(ctx, decoder))
-            self.m.disagg.labels(decision).inc()
+            self.c(self.m.disagg, decision).inc()
             ktp, p_hit, mode = None, None, "local_prefill"
             if decision == REMOTE:
                 ktp, p_hit, mode = await self._prefill(req, ctx, headers)
         d_local = ctx.hits.get(decoder.url) if ktp is not None else None
         response = await self._decode(request, req, decoder, ktp, p_hit, d_local, headers, t0, mode, ctx, deadline)
-        self.m.latency.labels(req.endpoint).observe(time.perf_counter() - t0)
+        self.c(self.m.latency, req.endpoint).observe(time.perf_counter() - t0)
         return response
 
     # ---- steps --------------------------------------------------------------------------------------------
@@ -89,7 +94,7 @@ class PDFlow:
             log.info("tokenize on %s failed (%s): routing without token ids", worker.url, e)
             return None
         finally:
-            self.m.stage_latency.labels("tokenize").observe(time.perf_counter() - t)
+            self.c(self.m.stage_latency, "tokenize").observe(time.perf_counter() - t)
         tokens = out.get("tokens") if isinstance(out, dict) else None
         if isinstance(tokens, list) and all(isinstance(x, int) for x in tokens):
             return tokens
@@ -99,8 +104,7 @@ class PDFlow:
         router = self.s.decode_router if role == "decode" else self.s.prefill_router
         workers = [w for w in self.s.pool.admitted(role) if w is not exclude]  # type: ignore[arg-type]
         worker = router.pick(ctx, workers)
-        policy = ",".join(n for n, _ in router.policy.scorers) + "/" + router.policy.picker
-        self.m.routing.labels(role, policy, worker.url).inc()
+        self.c(self.m.routing, role, router.label, worker.url).inc()
         return worker
 
     def _decoder_hit(self, ctx: RequestContext, decoder: Worker) -> int | None:
@@ -139,7 +143,7 @@ class PDFlow:
             return self._fallback("no_kv_transfer_params")
         p_hit = prefill_hit(resp)
         if p_hit is not None:
-            self.m.hit_tokens.labels("prefill_cached").inc(p_hit)
+            self.c(self.m.hit_tokens, "prefill_cached").inc(p_hit)
         return ktp, p_hit, "remote_prefill"
 
     async def _call_prefill(self, prefiller: Worker, req: OpenAIRequest, body: dict[str, Any],
@@ -150,11 +154,11 @@ class PDFlow:
                 return await self.s.upstream.post_json(prefiller.url, req.path, body, stage="prefill",
                                                        timeout=self.cfg.timeouts.prefill_s, headers=headers)
             finally:
-                self.m.stage_latency.labels("prefill").observe(time.perf_counter() - t)
+                self.c(self.m.stage_latency, "prefill").observe(time.perf_counter() - t)
 
     def _fallback(self, reason: str) -> tuple[None, None, str]:
         log.info("remote prefill skipped: %s; serving decode-only", reason)
-        self.m.fallbacks.labels(reason).inc()
+        self.c(self.m.fallbacks, reason).inc()
         return None, None, "fallback"
 
     async def _decode(self, request: web.Request, req: OpenAIRequest, decoder: Worker, ktp: dict[str, Any] | None,
@@ -162,7 +166,7 @@ class PDFlow:
                       ctx: RequestContext, deadline: float) -> web.StreamResponse:
         body = req.decode_body(ktp, self.cfg.kv.forward_token_ids)
         if d_local:
-            self.m.hit_tokens.labels("decoder_local").inc(d_local)
+            self.c(self.m.hit_tokens, "decoder_local").inc(d_local)
 
         def fix(chunk: dict[str, Any]) -> int | None:
             return fix_usage(chunk, p_hit, d_local) if ktp is not None else None
@@ -180,18 +184,18 @@ class PDFlow:
                         if req.stream and resp.content_type == "text/event-stream":
                             result = await relay_sse(
                                 request, resp, fix, worker=decoder.url, first_byte_timeout=first_byte,
-                                deadline=deadline, on_first_byte=lambda: self.m.ttft.labels(req.endpoint).observe(
+                                deadline=deadline, on_first_byte=lambda: self.c(self.m.ttft, req.endpoint).observe(
                                     time.perf_counter() - t0))
                             out, usage = result.response, result.usage
                             if result.broken is not None:
-                                self.m.errors.labels(_kind(result.broken)).inc()
+                                self.c(self.m.errors, _kind(result.broken)).inc()
                             if result.client_gone:
-                                self.m.errors.labels("client_disconnect").inc()
-                                self.m.requests.labels(req.endpoint, mode, "499").inc()
+                                self.c(self.m.errors, "client_disconnect").inc()
+                                self.c(self.m.requests, req.endpoint, mode, "499").inc()
                                 return out
                         else:
                             out, payload = await relay_json(resp, fix, worker=decoder.url, deadline=deadline)
-                            self.m.ttft.labels(req.endpoint).observe(time.perf_counter() - t0)
+                            self.c(self.m.ttft, req.endpoint).observe(time.perf_counter() - t0)
                             usage = payload.get("usage") if isinstance(payload, dict) else None
                 break
             except UpstreamUnavailable as e:
@@ -200,18 +204,18 @@ class PDFlow:
                 if attempt or not any(w is not decoder for w in self.s.pool.admitted("decode")):
                     raise
                 decoder = self._pick("decode", ctx, exclude=decoder)
-        self.m.stage_latency.labels("decode").observe(time.perf_counter() - t)
+        self.c(self.m.stage_latency, "decode").observe(time.perf_counter() - t)
         self._count(req, mode, out.status, usage)
         return out
 
     def _count(self, req: OpenAIRequest, mode: str, status: int, usage: Any) -> None:
-        self.m.requests.labels(req.endpoint, mode, str(status)).inc()
+        self.c(self.m.requests, req.endpoint, mode, str(status)).inc()
         if isinstance(usage, dict):
             if isinstance(usage.get("prompt_tokens"), int):
                 self.m.prompt_tokens.inc(usage["prompt_tokens"])
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-                self.m.hit_tokens.labels("reported_cached").inc(details["cached_tokens"])
+                self.c(self.m.hit_tokens, "reported_cached").inc(details["cached_tokens"])
 
     def _passive_eject(self, worker: Worker, why: str) -> None:
         """A connection failure ejects at once when health checks run (they bring the worker back)."""

@@ -18,6 +18,7 @@ class Router:
         self.scorers = [(SCORERS[name](deps), weight) for name, weight in policy.scorers]
         self.picker = PICKERS[policy.picker](deps)
         self.total_weight = sum(weight for _, weight in policy.scorers) or 1.0
+        self.label = ",".join(name for name, _ in policy.scorers) + "/" + policy.picker  # metrics label
 
     def scores(self, ctx: RequestContext, workers: Sequence[Worker]) -> list[float]:
         total = [0.0] * len(workers)
