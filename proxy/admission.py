@@ -19,7 +19,7 @@ class Admission:
         self.waiting = 0
         self.active = 0
 
-    def slot(self) -> "_Slot":
+    def slot(self) -> _Slot:
         """`async with admission.slot():` holds one of the max_in_flight slots (a class, not a generator-based
         context manager: this runs once per request)."""
         return _Slot(self)

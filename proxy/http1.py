@@ -36,7 +36,7 @@ class Response:
     __slots__ = ("status", "headers", "content_type", "_conn", "_chunks", "_size", "_done", "_exc", "_waiter",
                  "_streaming")
 
-    def __init__(self, conn: "_Connection", status: int, headers: dict[str, str]):
+    def __init__(self, conn: _Connection, status: int, headers: dict[str, str]):
         self.status, self.headers, self._conn = status, headers, conn
         self.content_type = headers.get("content-type", "application/octet-stream").split(";", 1)[0].strip().lower()
         self._chunks: list[bytes] = []
@@ -117,7 +117,7 @@ def _expire(fut: asyncio.Future) -> None:
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, pool: "HTTPPool", key: tuple[str, str, int], loop: asyncio.AbstractEventLoop):
+    def __init__(self, pool: HTTPPool, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop):
         self.pool, self.key, self.loop = pool, key, loop
         self.transport: asyncio.Transport | None = None
         self.closed = False

@@ -16,10 +16,10 @@ connection, which aborts the request on D.
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 import itertools
+import logging
 import os
+import time
 from typing import Any
 
 from aiohttp import web
