@@ -6,7 +6,8 @@
     pd_flow.py           one request: tokenize -> decoder -> remote prefill or not -> decode, fallbacks
     openai_api.py        request parsing/type checks; the prefill and decode bodies
     relay.py / usage.py  copy D's JSON or SSE to the client; the whole-request cached_tokens rule
-    upstream.py          pooled aiohttp client; aiohttp/asyncio errors -> errors.py at this one boundary
+    upstream.py          calls to workers; aiohttp/asyncio errors -> errors.py at this one boundary
+    http1.py             the lean keep-alive HTTP/1.1 client under upstream.py (aiohttp's stays for k8s)
     routing/             scorer and picker plugins by name, composed per role by config
     kv_events.py         vLLM KV events on the wire;  kv_subscriber.py: one ZMQ SUB per worker
     kv_index.py          per-worker block hashes per KV-cache group; the usable hybrid hit

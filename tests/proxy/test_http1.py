@@ -58,6 +58,7 @@ def test_chunked_body_split_anywhere_and_connection_reused(split):
         server.close()
     run(body())
 
+
 def test_content_length_and_until_close():
     async def body():
         body = b'{"a": 1}'
@@ -72,6 +73,7 @@ def test_content_length_and_until_close():
         server.close()
     run(body())
 
+
 def test_reused_connection_closed_by_the_server_is_retried_once():
     async def body():
         base, server, accepted = await serve([b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"] * 2, close_after=True)
@@ -83,6 +85,7 @@ def test_reused_connection_closed_by_the_server_is_retried_once():
         pool.close()
         server.close()
     run(body())
+
 
 def test_broken_stream_head_timeout_and_refused_connection():
     async def body():
