@@ -18,6 +18,7 @@ per turn, from D's own metrics and the client:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -30,7 +31,8 @@ import numpy as np
 
 from hybrid_pd.proxy.demo_workload import stream, transfer_counters
 from tests.support.conversation import ANSWER_TOKENS, cached, colocated_pass, complete
-from tests.support.procs import Launched, free_port, metric_sum, scrape_metrics, worker_argv
+from tests.bench.setups import Setup
+from tests.support.procs import metric_sum, scrape_metrics
 from tests.support.tiny_layout import BS, minimal_bytes
 
 
@@ -96,29 +98,11 @@ def _timed(fn, *args) -> float:
     return time.perf_counter() - t
 
 
-class Engines:
-    """The engines of one set-up, started by our launchers on 127.0.0.1, stopped by PID on exit."""
-
-    def __init__(self, model: str, logs: Path, name: str):
-        self.model, self.logs, self.name, self.procs = model, logs, name, []
-
-    def start(self, role: str, connector: str, core: str) -> str:
-        port = free_port()
-        proc = Launched(f"{self.name}-{role}", worker_argv(role, connector=connector, port=port, cpu_bind=core,
-                                                           model=self.model), f"http://127.0.0.1:{port}", self.logs)
-        self.procs.append(proc)
-        return proc.url
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for proc in reversed(self.procs):
-            proc.stop()
-
-    def wait(self) -> None:
-        for proc in self.procs:
-            proc.wait_healthy(900)
+def engines(model: str, logs: Path, name: str) -> Setup:
+    """An empty set-up: workers added by .worker(), started by our launchers, stopped by PID on close()."""
+    setup = Setup(model, logs)
+    setup.name = name
+    return setup
 
 
 def d_counters(url: str) -> dict[str, float]:
@@ -217,14 +201,15 @@ def main(argv: list[str] | None = None) -> int:
                "machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores, "
                           f"Python {platform.python_version()}",
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "turns": args.turns, "connectors": {}}
-    with Engines(model, logs, "colocated") as eng:
-        ref = eng.start("decode", "none", "1")
+    with contextlib.closing(engines(model, logs, "colocated")) as eng:
+        ref = eng.worker("engine", "decode", "none", "1").url
         eng.wait()
         conv = colocated_pass(ref, args.turns, salt=1)
     print(f"[connector-bench] colocated next-turn hits: {conv['cached_next']}", flush=True)
     for connector in args.connectors.split(","):
-        with Engines(model, logs, connector) as eng:
-            p, d = eng.start("prefill", connector, "0"), eng.start("decode", connector, "1")
+        with contextlib.closing(engines(model, logs, connector)) as eng:
+            p = eng.worker("prefill", "prefill", connector, "0").url
+            d = eng.worker("decode", "decode", connector, "1").url
             eng.wait()
             rows = results["connectors"][connector] = pd_pass(p, d, conv)
         print(f"[connector-bench] {connector}: bytes {[r['bytes'] for r in rows]}, next-turn hits on D "

@@ -7,24 +7,15 @@ differs), D (consumer, core 1). The PD flow is the toy proxy's, done here by han
 our proxy or our connector.
 """
 
-import random
 import time
 
 import psutil
 import pytest
 
+from tests.support.conversation import text_of
 from tests.support.procs import free_port, http_json, metric_sum, scrape_metrics, worker_argv
 
 pytestmark = pytest.mark.engines
-
-WORDS = ("the quick brown fox jumps over the lazy dog prefix cache mamba state attention block token "
-         "decode prefill engine server request model hello world one two three").split()
-
-
-def text_of(n_words: int, salt: int) -> str:
-    rng = random.Random(salt)
-    return " ".join(rng.choice(WORDS) for _ in range(n_words))
-
 
 def transferred_bytes(d_url: str) -> float:
     return metric_sum(scrape_metrics(d_url), "vllm:nixl_bytes_transferred_sum")

@@ -9,7 +9,6 @@ default proxy suite stays fast.
 from __future__ import annotations
 
 import asyncio
-import random
 
 import aiohttp
 import pytest
@@ -18,10 +17,10 @@ from hybrid_pd.proxy.app import serve_in_background
 from hybrid_pd.proxy.block_hash import chained_block_hashes
 from hybrid_pd.proxy.config import ProxyConfig
 from tests.proxy.fakes import run
+from tests.support.conversation import text_of
 from tests.support.procs import free_port, worker_argv
 
 pytestmark = pytest.mark.engines
-WORDS = "the quick brown fox jumps over the lazy dog prefix cache mamba state attention block".split()
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +31,6 @@ def engine(request):
     proc = launch("proxy-kv-engine", argv, f"http://127.0.0.1:{port}")
     proc.wait_healthy(900)
     return proc.url, f"tcp://127.0.0.1:{argv[argv.index('--kv-events-port') + 1]}"
-
-
-def text(n_words: int, salt: int) -> str:
-    rng = random.Random(salt)
-    return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
 def test_index_predicts_the_engine_prefix_hit(engine):
@@ -68,8 +62,8 @@ def test_index_predicts_the_engine_prefix_hit(engine):
             salt = 0
             while url not in index.workers:  # slow joiner: the SUB may miss the first requests' events
                 salt += 1
-                await complete(text(400, salt=1000 + salt))
-            prompt = text(700, salt=7)
+                await complete(text_of(400, salt=1000 + salt))
+            prompt = text_of(700, salt=7)
             async with s.post(url + "/tokenize", json={"model": "tiny", "prompt": prompt}) as r:
                 tokens = (await r.json())["tokens"]
             n = len(tokens)
