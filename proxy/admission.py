@@ -1,10 +1,15 @@
 """The bounded queue in front of the workers: at most `max_in_flight` requests are served at once, at most
 `max_queue` wait for a slot, and none waits longer than `queue_timeout_s`. Past that the client gets a 429 at
-once (retry later) instead of a hang."""
+once (retry later) instead of a hang.
+
+A counter and a FIFO of waiting futures rather than an asyncio.Semaphore: a request that finds a free slot
+takes it without awaiting anything, and a freed slot is handed straight to the oldest waiter. The in-flight
+and queued gauges read the counters when scraped instead of being updated per request."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 from .config import AdmissionConfig
 from .errors import Overloaded
@@ -14,10 +19,14 @@ from .metrics import ProxyMetrics
 class Admission:
     def __init__(self, cfg: AdmissionConfig, metrics: ProxyMetrics):
         self.cfg = cfg
-        self.metrics = metrics
-        self._slots = asyncio.Semaphore(cfg.max_in_flight)
-        self.waiting = 0
         self.active = 0
+        self._waiters: deque[asyncio.Future] = deque()
+        metrics.in_flight.set_function(lambda: self.active)
+        metrics.queued.set_function(lambda: self.waiting)
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for w in self._waiters if not w.done())
 
     def slot(self) -> _Slot:
         """`async with admission.slot():` holds one of the max_in_flight slots (a class, not a generator-based
@@ -25,29 +34,43 @@ class Admission:
         return _Slot(self)
 
     async def _enter(self) -> None:
-        if self._slots.locked():
-            if self.waiting >= self.cfg.max_queue:
-                raise Overloaded(f"the proxy queue is full ({self.cfg.max_in_flight} in flight, "
-                                 f"{self.waiting} waiting); retry later")
-            self.waiting += 1
-            self.metrics.queued.inc()
-            try:
-                async with asyncio.timeout(self.cfg.queue_timeout_s):
-                    await self._slots.acquire()
-            except TimeoutError:
-                raise Overloaded(f"no slot freed within {self.cfg.queue_timeout_s:g} s; retry later") from None
-            finally:
-                self.waiting -= 1
-                self.metrics.queued.dec()
-        else:
-            await self._slots.acquire()
-        self.active += 1
-        self.metrics.in_flight.inc()
+        if self.active < self.cfg.max_in_flight:  # then nobody waits: a freed slot goes to a waiter first
+            self.active += 1
+            return
+        if self.waiting >= self.cfg.max_queue:
+            raise Overloaded(f"the proxy queue is full ({self.cfg.max_in_flight} in flight, "
+                             f"{self.waiting} waiting); retry later")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._waiters.append(fut)
+        timer = loop.call_later(self.cfg.queue_timeout_s, _expire, fut)
+        try:
+            await fut  # a freed slot is handed over: `active` already counts this request
+        except TimeoutError:
+            raise Overloaded(f"no slot freed within {self.cfg.queue_timeout_s:g} s; retry later") from None
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._exit()  # the slot came with the cancellation: pass it on
+            raise
+        finally:
+            timer.cancel()
+            if self._waiters and self._waiters[0] is fut:
+                self._waiters.popleft()
+            elif fut in self._waiters:
+                self._waiters.remove(fut)
 
     def _exit(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the slot goes to the oldest waiter
+                return
         self.active -= 1
-        self.metrics.in_flight.dec()
-        self._slots.release()
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
 
 
 class _Slot:

@@ -1,8 +1,10 @@
-"""Copy the decoder's answer to the client: whole JSON, or Server-Sent Events line by line.
+"""Copy the decoder's answer to the client: whole JSON, or Server-Sent Events as they come.
 
 Both fix `cached_tokens` (usage.py) and drop the decoder's `kv_transfer_params` (internal to PD). A stream
-is copied as it comes, whatever arrived in one write (not line by line: that doubled the proxy's CPU per
-request); only an SSE line that carries usage details or kv_transfer_params is decoded and re-encoded.
+is copied from D's connection callback straight to the client's transport, whatever arrived in one read as one
+chunk (not line by line, and without waking the request's task per read: each of those cost the proxy more
+CPU per request than everything else it does); only an SSE line that carries usage details or
+kv_transfer_params is decoded and re-encoded.
 """
 
 from __future__ import annotations
@@ -57,39 +59,122 @@ async def relay_sse(request: web.Request, resp: Response, fix: FixUsage, *, work
                               worker=worker, stage="decode") from None
     result = SSEResult(web.StreamResponse(status=resp.status, headers=SSE_HEADERS))
     out = result.response
+    pipe = _SSEPipe(request, resp, fix, result)
     try:
+        if pipe.chunked:
+            out.enable_chunked_encoding()  # the pipe frames its chunks itself
         await out.prepare(request)
         if first:
             on_first_byte()
-        async with asyncio.timeout_at(deadline):
-            # Copy whatever has arrived in one write; only complete lines are written, the tail of a line
-            # waits for its end, so that a line to rewrite is always seen whole.
-            data, partial = first, b""
-            while data:
-                if partial:
-                    data, partial = partial + data, b""
-                end = data.rfind(b"\n") + 1
-                if end < len(data):
-                    data, partial = data[:end], data[end:]
-                if data:
-                    if b'"prompt_tokens_details"' in data or b'"kv_transfer_params"' in data:
-                        data = _fix_lines(data, fix, result)
-                    await out.write(data)
-                data = await resp.readany()
-            if partial:  # the stream ended inside a line: pass it on as it is
-                await out.write(_fix_lines(partial, fix, result))
-        await out.write_eof()
+        await out.write(pipe.complete_lines(first))  # the headers and the first lines leave in one write
+        await pipe.run(deadline)
+        # A stream that ended inside a line: its tail goes as it is. write_eof waits for a lagging client to read.
+        tail = _fix_lines(pipe.partial, fix, result) if pipe.partial else b""
+        if request.protocol is not None and request.protocol.writing_paused:
+            async with asyncio.timeout_at(deadline):
+                await out.write_eof(tail)
+        else:
+            await out.write_eof(tail)
     except TimeoutError:
         result.broken = UpstreamTimeout(f"decode worker {worker} did not finish before the total timeout",
                                         worker=worker, stage="decode")
-        await write_stream_error(out, result.broken)
+        await write_stream_error(request, out, result.broken)
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         result.client_gone = True  # leaving returns D's connection closed: vLLM aborts the request
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
         result.broken = UpstreamUnavailable(f"decode worker {worker} broke the stream: {e!r}", worker=worker,
                                             stage="decode")
-        await write_stream_error(out, result.broken)
+        await write_stream_error(request, out, result.broken)
+    finally:
+        resp.stop_streaming()
     return result
+
+
+class _SSEPipe:
+    """Copies D's body to the client's transport from D's connection callback (http1.Response.stream_to):
+    per arriving piece, the complete lines are written as one chunk, the tail of a line waits for its end (so a
+    line to rewrite is always seen whole). The relaying task sleeps in run() until the body ends, breaks, the
+    client leaves, or the client lags: then reading from D pauses until the client's buffer drained."""
+
+    def __init__(self, request: web.Request, resp: Response, fix: FixUsage, result: SSEResult):
+        self.request, self.resp, self.fix, self.result = request, resp, fix, result
+        self.chunked = request.version >= aiohttp.HttpVersion11  # an HTTP/1.0 client reads until close
+        self.partial = b""
+        self._ended = False
+        self._error: BaseException | None = None
+        self._lagging = False
+        self._wake: asyncio.Future | None = None
+
+    def complete_lines(self, data: bytes) -> bytes:
+        """The complete lines of what arrived (rewritten where needed); keeps the tail of a line for later."""
+        if self.partial:
+            data, self.partial = self.partial + data, b""
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            data, self.partial = data[:end], data[end:]
+        if data and (b'"prompt_tokens_details"' in data or b'"kv_transfer_params"' in data):
+            data = _fix_lines(data, self.fix, self.result)
+        return data
+
+    async def run(self, deadline: float) -> None:
+        """Relay until D's body ends; raises what broke it: D's error, ConnectionResetError (the client left),
+        TimeoutError (the deadline, a loop time, passed)."""
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(deadline, self._stop, TimeoutError())
+        self.resp.stream_to(self._on_data, self._on_end)
+        try:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                if self._ended:
+                    return
+                drain = None
+                if self._lagging:  # wait for the client's buffer to drain, or for the deadline
+                    drain = asyncio.ensure_future(self.request.writer.drain())
+                    drain.add_done_callback(lambda _: self._notify())
+                self._wake = loop.create_future()
+                try:
+                    await self._wake
+                finally:
+                    self._wake = None
+                    if drain is not None and not drain.done():
+                        drain.cancel()
+                if drain is not None and drain.done() and not drain.cancelled():
+                    drain.result()  # raises when the client's connection was lost meanwhile
+                    self._lagging = False
+                    self.resp.resume_reading()
+        finally:
+            timer.cancel()
+
+    def _on_data(self, data: bytes) -> None:
+        data = self.complete_lines(data)
+        if not data:
+            return
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
+            self._stop(ConnectionResetError("the client closed its connection"))
+            return
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        if self.request.protocol.writing_paused:  # the client's buffer is past its high-water mark
+            self._lagging = True
+            self.resp.pause_reading()
+            self._notify()
+
+    def _on_end(self, exc: BaseException | None) -> None:
+        if exc is None:
+            self._ended = True
+            self._notify()
+        else:
+            self._stop(exc)
+
+    def _stop(self, exc: BaseException) -> None:
+        self.resp.stop_streaming()
+        self._error = exc
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
 
 
 @dataclass
@@ -100,8 +185,12 @@ class SSEResult:
     client_gone: bool = False  # the client closed its connection mid-stream
 
 
-async def write_stream_error(out: web.StreamResponse, err: ProxyError) -> None:
-    """An error after the stream began: the status is sent already, so tell the client in an SSE event."""
+async def write_stream_error(request: web.Request, out: web.StreamResponse, err: ProxyError) -> None:
+    """An error after the stream began: the status is sent already, so tell the client in an SSE event. A client
+    that does not read (its buffer is full) gets its connection closed instead of a wait that never ends."""
+    if request.protocol is not None and request.protocol.writing_paused and request.transport is not None:
+        request.transport.abort()
+        return
     try:
         await out.write(b"data: " + _encoder.encode(err.body()) + b"\n\n")
         await out.write_eof()

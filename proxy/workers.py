@@ -6,9 +6,8 @@ Health checks and failed requests move a worker between admitted and ejected.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -77,14 +76,24 @@ class WorkerPool:
         w.healthy, w.failures = True, 0
 
     @staticmethod
-    @contextlib.contextmanager
-    def busy(w: Worker) -> Iterator[Worker]:
-        w.in_flight += 1
-        try:
-            yield w
-        finally:
-            w.in_flight -= 1
+    def busy(w: Worker) -> _Busy:
+        """`with pool.busy(w):` counts a request in flight on w (a class: this runs twice per request)."""
+        return _Busy(w)
 
     def _emit(self, what: str, w: Worker) -> None:
         for listener in self._listeners:
             listener(what, w)
+
+
+class _Busy:
+    __slots__ = ("worker",)
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+
+    def __enter__(self) -> Worker:
+        self.worker.in_flight += 1
+        return self.worker
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker.in_flight -= 1

@@ -30,4 +30,6 @@ class Router:
     def pick(self, ctx: RequestContext, workers: Sequence[Worker]) -> Worker:
         if not workers:
             raise NoHealthyWorker(f"no healthy {self.role} worker is admitted")
+        if len(workers) == 1:
+            return workers[0]  # no score can change the pick (the flow asks kv_hit for D's hit itself)
         return self.picker.pick(ctx, workers, self.scores(ctx, workers))
