@@ -1,61 +1,177 @@
-"""Prometheus metrics of one proxy instance (its own registry, so several proxies can live in one process)."""
+"""Prometheus metrics of one proxy instance (its own registry, so several proxies can live in one process).
+
+The values are plain Python numbers without locks: every update comes from the proxy's one event-loop thread,
+and prometheus_client's own metric classes take a lock and validate labels on every update, which the request
+path pays about ten times per request. The registry sees them through one collector, read when scraped.
+"""
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 P = "hybrid_pd_proxy_"
 
 
+class _Value:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.value -= amount
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+
+class _Buckets:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect_left(self.bounds, amount)] += 1
+        self.sum += amount
+
+
+class _Metric:
+    """One metric family: its children by label values (one child, key (), when it has no labels)."""
+
+    kind = ""
+
+    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...] = ()):
+        self.name, self.doc, self.labelnames = name, doc, tuple(labelnames)
+        self._children: dict[tuple[str, ...], Any] = {}
+        if not self.labelnames:
+            self._children[()] = self._new()
+
+    def _new(self) -> Any:
+        return _Value()
+
+    def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
+            child = self._children[values] = self._new()
+        return child
+
+    def remove(self, *values: str) -> None:
+        del self._children[values]
+
+    # the metric without labels
+    def inc(self, amount: float = 1.0) -> None:
+        self._children[()].inc(amount)
+
+    def family(self) -> Metric:
+        raise NotImplementedError
+
+
+class Counter(_Metric):
+    def family(self) -> Metric:
+        f = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
+        for values, child in self._children.items():
+            f.add_metric(list(values), child.value)
+        return f
+
+
+class Gauge(_Metric):
+    _function: Callable[[], float] | None = None
+
+    def set_function(self, f: Callable[[], float]) -> None:
+        """The gauge's value is f(), read when scraped (a metric without labels)."""
+        self._function = f
+
+    def set(self, value: float) -> None:
+        self._children[()].set(value)
+
+    def dec(self, amount: float = 1.0) -> None:
+        self._children[()].dec(amount)
+
+    def family(self) -> Metric:
+        f = GaugeMetricFamily(self.name, self.doc, labels=self.labelnames)
+        if self._function is not None:
+            f.add_metric([], float(self._function()))
+            return f
+        for values, child in self._children.items():
+            f.add_metric(list(values), child.value)
+        return f
+
+
+class Histogram(_Metric):
+    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...] = (), buckets: tuple[float, ...] = ()):
+        self.buckets = tuple(float(b) for b in buckets)
+        super().__init__(name, doc, labelnames)
+
+    def _new(self) -> _Buckets:
+        return _Buckets(self.buckets)
+
+    def family(self) -> Metric:
+        f = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
+        bounds = [*(str(b) for b in self.buckets), "+Inf"]
+        for values, child in self._children.items():
+            cumulative, total = [], 0
+            for bound, count in zip(bounds, child.counts):
+                total += count
+                cumulative.append((bound, total))
+            f.add_metric(list(values), cumulative, child.sum)
+        return f
+
+
 class ProxyMetrics:
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(P + "requests", "Client requests by endpoint, PD mode and HTTP status",
-                                ["endpoint", "mode", "status"], registry=r)
+                                ("endpoint", "mode", "status"))
         self.errors = Counter(P + "errors", "Errors by kind (bad_request, overloaded, no_healthy_worker, "
                               "upstream_4xx, upstream_5xx, timeout, unavailable, client_disconnect, internal)",
-                              ["kind"], registry=r)
+                              ("kind",))
         self.latency = Histogram(P + "request_latency_seconds", "Whole request, first byte in to last byte out",
-                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+                                 ("endpoint",), buckets=LATENCY_BUCKETS)
         self.stage_latency = Histogram(P + "stage_latency_seconds", "Time per stage: tokenize, prefill (P call), "
-                                       "decode (D call to its last byte)", ["stage"], buckets=LATENCY_BUCKETS,
-                                       registry=r)
+                                       "decode (D call to its last byte)", ("stage",), buckets=LATENCY_BUCKETS)
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Client request in to first content byte out",
-                              ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+                              ("endpoint",), buckets=LATENCY_BUCKETS)
         self.routing = Counter(P + "routing_decisions", "Workers picked, by role and policy",
-                               ["role", "policy", "worker"], registry=r)
-        self.disagg = Counter(P + "disagg_decisions", "remote prefill or not, and why", ["decision"], registry=r)
-        self.fallbacks = Counter(P + "fallbacks", "PD turns that fell back to decode-only, by reason",
-                                 ["reason"], registry=r)
+                               ("role", "policy", "worker"))
+        self.disagg = Counter(P + "disagg_decisions", "remote prefill or not, and why", ("decision",))
+        self.fallbacks = Counter(P + "fallbacks", "PD turns that fell back to decode-only, by reason", ("reason",))
         self.hit_tokens = Counter(P + "hit_tokens", "Prompt tokens served from a cache: prefill_cached (P's "
                                   "own hit), decoder_local (index estimate on D), reported_cached (to clients)",
-                                  ["kind"], registry=r)
-        self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of answered requests", registry=r)
+                                  ("kind",))
+        self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of answered requests")
         self.abandoned_prefills = Counter(P + "abandoned_prefills", "P calls left to finish alone (client gone "
-                                          "or total timeout); P's blocks are freed by its own lease", registry=r)
-        self.in_flight = Gauge(P + "in_flight", "Requests being served", registry=r)
-        self.queued = Gauge(P + "queued", "Requests waiting for a slot", registry=r)
-        self.worker_healthy = Gauge(P + "worker_healthy", "1 admitted, 0 ejected", ["role", "worker"], registry=r)
-        self.kv_events = Counter(P + "kv_event_batches", "KV-event batches applied", ["worker"], registry=r)
-        self.kv_event_gaps = Counter(P + "kv_event_gaps", "KV-event batches missed (sequence jumps)", ["worker"],
-                                     registry=r)
-        self.kv_event_errors = Counter(P + "kv_event_errors", "Undecodable KV-event messages", ["worker"],
-                                       registry=r)
+                                          "or total timeout); P's blocks are freed by its own lease")
+        self.in_flight = Gauge(P + "in_flight", "Requests being served")
+        self.queued = Gauge(P + "queued", "Requests waiting for a slot")
+        self.worker_healthy = Gauge(P + "worker_healthy", "1 admitted, 0 ejected", ("role", "worker"))
+        self.kv_events = Counter(P + "kv_event_batches", "KV-event batches applied", ("worker",))
+        self.kv_event_gaps = Counter(P + "kv_event_gaps", "KV-event batches missed (sequence jumps)", ("worker",))
+        self.kv_event_errors = Counter(P + "kv_event_errors", "Undecodable KV-event messages", ("worker",))
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
 
-        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+    @staticmethod
+    def child(metric: _Metric, *labels: str) -> Any:
+        """metric.labels(*labels): one dict lookup."""
+        return metric.labels(*labels)
 
-    def child(self, metric: Any, *labels: str) -> Any:
-        """metric.labels(*labels), looked up once per label set: prometheus_client's labels() takes a lock and
-        validates on every call, which the hot path pays several times per request. Not for metrics whose
-        children are removed (worker_healthy)."""
-        key = (metric, labels)
-        c = self._children.get(key)
-        if c is None:
-            c = self._children[key] = metric.labels(*labels)
-        return c
+    def collect(self) -> Iterator[Metric]:
+        for metric in vars(self).values():
+            if isinstance(metric, _Metric):
+                yield metric.family()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -56,26 +56,26 @@ class PDFlow:
         ctx = RequestContext(session=request.headers.get(self.cfg.routing.session_header) or req.user,
                              token_ids=req.token_ids, cache_salt=_str_or_none(req.body.get("cache_salt")),
                              hash_algo=self.cfg.kv.hash_algo, hash_seed=self.s.kv_index.seed)
-        deadline = asyncio.get_running_loop().time() + self.cfg.timeouts.total_s
-        async with asyncio.timeout_at(deadline):  # the decode leg keeps the same deadline on its own
-            if self.cfg.tokenize and ctx.token_ids is None and req.single_prompt:
-                ctx.token_ids = req.token_ids = await self._tokenize(req, headers)
-            decoder = self._pick("decode", ctx)
-            decision = decide(self.cfg.disagg, eligible=req.single_prompt,
-                              has_prefillers=bool(self.s.pool.all("prefill")), prompt_chars=req.prompt_chars,
-                              prompt_tokens=len(ctx.token_ids) if ctx.token_ids else None,
-                              decoder_hit=self._decoder_hit(ctx, decoder))
-            self.c(self.m.disagg, decision).inc()
-            ktp, p_hit, mode = None, None, "local_prefill"
-            if decision == REMOTE:
-                ktp, p_hit, mode = await self._prefill(req, ctx, headers)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.timeouts.total_s  # every step below waits at most until then
+        if self.cfg.tokenize and ctx.token_ids is None and req.single_prompt:
+            ctx.token_ids = req.token_ids = await self._tokenize(req, headers, deadline)
+        decoder = self._pick("decode", ctx)
+        decision = decide(self.cfg.disagg, eligible=req.single_prompt,
+                          has_prefillers=bool(self.s.pool.all("prefill")), prompt_chars=req.prompt_chars,
+                          prompt_tokens=len(ctx.token_ids) if ctx.token_ids else None,
+                          decoder_hit=self._decoder_hit(ctx, decoder))
+        self.c(self.m.disagg, decision).inc()
+        ktp, p_hit, mode = None, None, "local_prefill"
+        if decision == REMOTE:
+            ktp, p_hit, mode = await self._prefill(req, ctx, headers, deadline)
         d_local = ctx.hits.get(decoder.url) if ktp is not None else None
         response = await self._decode(request, req, decoder, ktp, p_hit, d_local, headers, t0, mode, ctx, deadline)
         self.c(self.m.latency, req.endpoint).observe(time.perf_counter() - t0)
         return response
 
     # ---- steps --------------------------------------------------------------------------------------------
-    async def _tokenize(self, req: OpenAIRequest, headers: dict[str, str]) -> list[int] | None:
+    async def _tokenize(self, req: OpenAIRequest, headers: dict[str, str], deadline: float) -> list[int] | None:
         body = req.tokenize_body()
         workers = self.s.pool.admitted("decode") or self.s.pool.admitted("prefill")
         if body is None or not workers:
@@ -83,8 +83,9 @@ class PDFlow:
         worker = workers[hash(headers["X-Request-Id"]) % len(workers)]
         t = time.perf_counter()
         try:
-            out = await self.s.upstream.post_json(worker.url, "/tokenize", body, timeout=self.cfg.timeouts.tokenize_s,
-                                                  stage="tokenize", headers=headers)
+            timeout = min(self.cfg.timeouts.tokenize_s, _left(deadline))
+            out = await self.s.upstream.post_json(worker.url, "/tokenize", body, timeout=timeout, stage="tokenize",
+                                                  headers=headers)
         except UpstreamStatus as e:
             if e.is_client_error and req.endpoint == "chat":
                 raise  # the chat template refused the messages: the client's request is at fault
@@ -112,23 +113,35 @@ class PDFlow:
             return None
         return hit_tokens(self.s.deps, ctx, decoder)
 
-    async def _prefill(self, req: OpenAIRequest, ctx: RequestContext,
-                       headers: dict[str, str]) -> tuple[dict[str, Any] | None, int | None, str]:
-        """(P's kv_transfer_params, P's own hit, mode). Falls back to decode-only on every P failure but 4xx."""
+    async def _prefill(self, req: OpenAIRequest, ctx: RequestContext, headers: dict[str, str],
+                       deadline: float) -> tuple[dict[str, Any] | None, int | None, str]:
+        """(P's kv_transfer_params, P's own hit, mode). Falls back to decode-only on every P failure but 4xx.
+        TimeoutError when the total deadline passes first."""
         try:
             prefiller = self._pick("prefill", ctx)
         except NoHealthyWorker:
             return self._fallback("no_prefill_worker")
+        if _left(deadline) <= 0:
+            raise TimeoutError
         body = req.prefill_body(self.cfg.kv.forward_token_ids)
         call = asyncio.ensure_future(self._call_prefill(prefiller, req, body, headers))
+        # Waiting on a future of our own, not on the call: leaving (the client went, or the deadline passed)
+        # lets P finish, so that its answer is read and its connection reused; its blocks wait for a decoder
+        # that will not come, until P's lease frees them.
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        call.add_done_callback(lambda _: waiter.done() or waiter.set_result(None))
+        timer = loop.call_at(deadline, _expire, waiter)
         try:
-            resp = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            # The client left (or the total deadline passed): let P finish, so its answer is read and its
-            # connection reused; its blocks wait for a decoder that will not come, until P's lease frees them.
+            await waiter
+        except (asyncio.CancelledError, TimeoutError):
             self.m.abandoned_prefills.inc()
             call.add_done_callback(_consume)
             raise
+        finally:
+            timer.cancel()
+        try:
+            resp = call.result()
         except UpstreamStatus as e:
             if e.is_client_error:
                 raise
@@ -226,6 +239,15 @@ class PDFlow:
 
 def _kind(err: Exception) -> str:
     return "timeout" if isinstance(err, UpstreamTimeout) else "unavailable"
+
+
+def _left(deadline: float) -> float:
+    return deadline - asyncio.get_running_loop().time()
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
 
 
 def _consume(fut: asyncio.Future) -> None:
