@@ -196,7 +196,7 @@ def start_all(args: argparse.Namespace, tmp: str, procs: list[subprocess.Popen])
         return procs[-1]
 
     workers = launch(["taskset", "-c", str(HARNESS_CORE), PY, "-m", "tests.bench.proxy_fake_workers", str(p_port),
-                      str(d_port), str(args.tokens)])
+                      str(d_port), str(args.tokens), str(args.token_interval_ms)])
     launched = [("direct (decoder alone)", d_url, workers, None)]
     ours = launch([*on_proxy_core, PY, "-m", "hybrid_pd.proxy.server", "--port", str(ours_port), "--prefill", p_url,
                    "--decode", d_url, "--log-level", "WARNING"])
@@ -256,12 +256,38 @@ def report(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace) 
         lines.append(f"| {name} | {added(name, 'p50'):.2f} | {added(name, 'p99'):.2f} | {med(name, 'p50'):.2f} | "
                      f"{med(name, 'p99'):.2f} | {med(name, 'cpu_ms_c1'):.3f} | {med(name, 'cpu_ms_c64'):.3f} | "
                      f"{med(name, 'rps'):.0f} | {100 * med(name, 'core_util'):.0f}% |")
+    ratios = _ratios_to_router(rounds, names, args)
     per_round = ["", "Per round (added p50 ms / req/s c=%d / CPU ms/req c=%d):" % (args.concurrency, args.concurrency), ""]
     for name in names[1:]:
         cells = [f"{r[name]['p50'] - r[direct]['p50']:.2f} / {r[name]['rps']:.0f} / {r[name]['cpu_ms_c64']:.3f}"
                  for r in rounds]
         per_round.append(f"- {name}: " + "; ".join(cells))
-    return "\n".join(lines + per_round) + "\n"
+    return "\n".join(lines + ratios + per_round) + "\n"
+
+
+def _ratios_to_router(rounds: list[dict[str, dict[str, float]]], names: list[str],
+                      args: argparse.Namespace) -> list[str]:
+    """Each peer over vllm-router, per round (both measured minutes apart on the same machine), median of the
+    rounds: the machine is shared, and a ratio within a round is steadier than a ratio of medians."""
+    router = next((n for n in names if n.startswith("vllm-router")), None)
+    if router is None:
+        return []
+    direct = names[0]
+
+    def ratio(name: str, key: str) -> float:
+        def value(r: dict[str, dict[str, float]], who: str) -> float:
+            return r[who][key] - r[direct][key] if key in ("p50", "p99") else r[who][key]
+        return statistics.median(value(r, name) / value(r, router) if value(r, router) > 0 else float("nan")
+                                 for r in rounds)
+
+    c = args.concurrency
+    out = ["", f"Over {router} (median of per-round ratios; below 1 is better, but for req/s):", "",
+           f"| set-up | added p50 | added p99 | CPU/req c=1 | CPU/req c={c} | req/s c={c} |", "|---|---|---|---|---|---|"]
+    for name in names[1:]:
+        if name != router:
+            out.append(f"| {name} | {ratio(name, 'p50'):.2f} | {ratio(name, 'p99'):.2f} | {ratio(name, 'cpu_ms_c1'):.2f} | "
+                       f"{ratio(name, 'cpu_ms_c64'):.2f} | {ratio(name, 'rps'):.2f} |")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--c64-seconds", type=float, default=6.0)
     ap.add_argument("--tokens", type=int, default=32, help="SSE events per streamed answer")
+    ap.add_argument("--token-interval-ms", type=float, default=0.0,
+                    help="the fake decoder sleeps this long between events (0: it only yields)")
     ap.add_argument("--router-venv", type=Path, default=DEFAULT_ROUTER_VENV)
     ap.add_argument("--no-router", action="store_true", help="leave vllm-router out")
     ap.add_argument("--only", default="", help="comma-separated substrings of peer names to measure (and direct)")
@@ -307,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"Machine: {platform.machine()}, {os.cpu_count()} cores (proxy on core {PROXY_CORE}; fake workers + load "
             f"generator on core {HARNESS_CORE}), Python {platform.python_version()}; "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. {args.rounds} interleaved rounds, medians; "
-            f"{args.tokens} SSE events per answer; c=1: {args.c1_requests} requests; c={args.concurrency}: "
+            f"{args.tokens} SSE events per answer, {args.token_interval_ms:g} ms apart; c=1: {args.c1_requests} "
+            f"requests; c={args.concurrency}: "
             f"{args.c64_seconds:g} s.\n\n")
     print(head + table)
     if args.out:

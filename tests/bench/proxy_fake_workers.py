@@ -1,13 +1,14 @@
 """Lean fake vLLM PD workers for the proxy benchmark: one prefill and one decode endpoint in one process.
 
-    python -m tests.bench.proxy_fake_workers P_PORT D_PORT TOKENS      (binds 127.0.0.1 only)
+    python -m tests.bench.proxy_fake_workers P_PORT D_PORT TOKENS [INTERVAL_MS]      (binds 127.0.0.1 only)
 
 They answer like vLLM's OpenAI server in a NIXL PD deployment, at once:
   - a request with kv_transfer_params.do_remote_decode (the prefill leg): a JSON completion of one token
     with usage and P's kv_transfer_params (do_remote_prefill, remote_engine_id, remote_block_ids, ...);
   - any other completion with stream=true (the decode leg): `TOKENS` SSE events `data: {...}\\n\\n` then
-    `data: [DONE]\\n\\n`, chunked; the coroutine yields between events so that, as with a real decoder,
-    events reach the proxy one by one instead of in one segment;
+    `data: [DONE]\\n\\n`, chunked; between events the coroutine yields (INTERVAL_MS 0, the default: events
+    mostly arrive in a few segments) or sleeps INTERVAL_MS, like a decoder that emits a token per step (each
+    event then reaches the proxy alone);
   - GET /health: 200. Anything else: 404.
 
 A raw asyncio protocol on uvloop rather than aiohttp (tests/proxy/fakes.py), because the workers share one
@@ -39,7 +40,8 @@ def _chunk(data: bytes) -> bytes:
 
 
 class Answers:
-    def __init__(self, tokens: int):
+    def __init__(self, tokens: int, interval_s: float = 0.0):
+        self.interval_s = interval_s
         self.health = _response("200 OK", b"application/json", b"{}")
         self.not_found = _response("404 Not Found", b"application/json", b'{"detail":"Not Found"}')
         prefill = {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake-model",
@@ -111,7 +113,7 @@ class FakeWorker(asyncio.Protocol):
         t = self.transport
         t.write(self.a.stream_head)
         for event in self.a.events:
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.a.interval_s)
             if t.is_closing():
                 return  # the client left: vLLM aborts the request
             t.write(event)
@@ -120,13 +122,14 @@ class FakeWorker(asyncio.Protocol):
         self._next()
 
 
-async def serve(p_port: int, d_port: int, tokens: int) -> None:
+async def serve(p_port: int, d_port: int, tokens: int, interval_ms: float = 0.0) -> None:
     loop = asyncio.get_running_loop()
-    answers = Answers(tokens)
+    answers = Answers(tokens, interval_ms / 1e3)
     for port in (p_port, d_port):
         await loop.create_server(lambda: FakeWorker(answers), "127.0.0.1", port, backlog=1024)
     await asyncio.Event().wait()
 
 
 if __name__ == "__main__":
-    uvloop.run(serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])))
+    interval_ms = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+    uvloop.run(serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), interval_ms))
