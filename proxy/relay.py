@@ -124,10 +124,10 @@ class _SSEPipe:
         self.resp.stream_to(self._on_data, self._on_end)
         try:
             while True:
+                if self._ended:  # first: a deadline or a client gone after the last byte changes nothing
+                    return
                 if self._error is not None:
                     raise self._error
-                if self._ended:
-                    return
                 drain = None
                 if self._lagging:  # wait for the client's buffer to drain, or for the deadline
                     drain = asyncio.ensure_future(self.request.writer.drain())
