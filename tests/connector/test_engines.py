@@ -16,7 +16,8 @@ import time
 import psutil
 import pytest
 
-from tests.support.conversation import cached, colocated_pass, complete, text_of, tokenize
+from tests.support.conversation import (assert_same_greedy, cached, colocated_pass, complete, greedy_reference,
+                                        text_of, tokenize)
 from tests.support.procs import free_port, metric_sum, scrape_metrics, worker_argv
 from tests.support.tiny_layout import BS, MAMBA_LAYERS, STATE, minimal_bytes
 
@@ -74,6 +75,7 @@ def reference(engines):
     """Every output the module compares against, from one plain engine."""
     ref = engines.up("ref")["ref"]
     out = {"pd": {n: complete(ref, text_of(n, n))["choices"][0]["text"] for n in PD_PROMPTS},
+           "pd_greedy": {n: greedy_reference(ref, text_of(n, n)) for n in PD_PROMPTS},
            "other": complete(ref, text_of(500, 42))["choices"][0]["text"],
            "killed": complete(ref, text_of(400, 77))["choices"][0]["text"]}
     colocated = conversation(ref, lambda ids: complete(ref, ids, 8, return_token_ids=True), 5, salt=11)
@@ -144,8 +146,8 @@ def test_restarted_prefiller_is_handshaken_again(engines, reference):
 def test_pd_greedy_output_equals_one_engine(engines, reference, n_words):
     urls = engines.up("p", "d")
     before = d_metrics(urls["d"])
-    _, d_resp = pd_complete(urls["p"], urls["d"], text_of(n_words, n_words))
-    assert d_resp["choices"][0]["text"] == reference["pd"][n_words]
+    _, d_resp = pd_complete(urls["p"], urls["d"], text_of(n_words, n_words), logprobs=1)
+    assert_same_greedy(reference["pd_greedy"][n_words], d_resp)
     moved = delta(before, d_metrics(urls["d"]))
     assert moved["hybrid_pd_bytes_transferred_count"] == 1 and moved["hybrid_pd_bytes_transferred_sum"] > 0
     assert moved["hybrid_pd_failed_transfers_total"] == 0

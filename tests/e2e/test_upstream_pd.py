@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from tests.support.conversation import text_of
+from tests.support.conversation import assert_same_greedy, greedy_reference, text_of
 from tests.support.procs import free_port, http_json, metric_sum, scrape_metrics, worker_argv
 
 pytestmark = pytest.mark.engines
@@ -42,12 +42,12 @@ def complete(url: str, prompt: str, max_tokens: int = 12, **extra) -> dict:
                                                "temperature": 0.0, "ignore_eos": True, **extra})
 
 
-def pd_complete(p_url: str, d_url: str, prompt: str, max_tokens: int = 12) -> tuple[dict, dict]:
+def pd_complete(p_url: str, d_url: str, prompt: str, max_tokens: int = 12, **extra) -> tuple[dict, dict]:
     p_resp = complete(p_url, prompt, max_tokens=1, kv_transfer_params={
         "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
         "remote_block_ids": None, "remote_host": None, "remote_port": None})
     assert p_resp.get("kv_transfer_params"), p_resp
-    return p_resp, complete(d_url, prompt, max_tokens, kv_transfer_params=p_resp["kv_transfer_params"])
+    return p_resp, complete(d_url, prompt, max_tokens, kv_transfer_params=p_resp["kv_transfer_params"], **extra)
 
 
 def cached(resp: dict) -> int:
@@ -68,11 +68,11 @@ def test_colocated_engine_hits_its_prefix_cache_in_align_mode(engines):
 @pytest.mark.parametrize("n_words", [20, 300, 700])
 def test_pd_greedy_output_equals_one_engine(engines, n_words):
     prompt = text_of(n_words, salt=n_words)
-    expected = complete(engines["ref"].url, prompt)["choices"][0]["text"]
+    expected = greedy_reference(engines["ref"].url, prompt)
     before = transferred_bytes(engines["d"].url)
-    p_resp, d_resp = pd_complete(engines["p"].url, engines["d"].url, prompt)
+    p_resp, d_resp = pd_complete(engines["p"].url, engines["d"].url, prompt, logprobs=1)
     assert p_resp["kv_transfer_params"]["remote_block_ids"]
-    assert d_resp["choices"][0]["text"] == expected
+    assert_same_greedy(expected, d_resp)
     assert transferred_bytes(engines["d"].url) > before  # D really pulled P's KV (no silent recompute)
 
 

@@ -61,3 +61,20 @@ def test_a_client_that_never_reads_is_cut_at_the_total_timeout():
                 assert asyncio.get_running_loop().time() < deadline, "the request's slot was not given back"
                 await asyncio.sleep(0.01)
     run(body(), 60)
+
+
+def test_an_http10_client_gets_the_stream_unchunked_until_close():
+    async def body():
+        async with cluster() as c:
+            reader, writer = await asyncio.open_connection("127.0.0.1", int(c.url.rsplit(":", 1)[1]))
+            payload = json.dumps(dict(REQ, max_tokens=2)).encode()
+            writer.write(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+            raw = await asyncio.wait_for(reader.read(), 10)  # to the end: the proxy closes after the answer
+            writer.close()
+            head, _, text = raw.partition(b"\r\n\r\n")
+            assert b" 200 " in head.split(b"\r\n")[0] and b"chunked" not in head.lower()
+            events = [ln[6:] for ln in text.decode().split("\n") if ln.startswith("data: ")]
+            assert [json.loads(e)["choices"][0]["text"] for e in events[:-1]] == ["Hel", "lo"]
+            assert events[-1] == "[DONE]"
+    run(body())

@@ -47,3 +47,30 @@ def colocated_pass(url: str, turns: int, salt: int) -> dict:
         hits.append(cached(complete(url, branches[k], 1)))
         prompts.append(history + tokenize(url, " " + text_of(200, salt * 1000 + 500 + k)))
     return {"prompts": prompts[:turns], "texts": texts, "branches": branches, "cached_next": hits}
+
+
+# Two engines that compute the same prompt through different kernels (one prefill chunk, or P's state plus one
+# step on D) agree on log-probabilities to within a couple of bf16 steps (2**-8); the tiny model's random weights
+# leave its top two tokens that close now and then, and past such a near-tie either pick is exact.
+NEAR_TIE = 0.01
+
+
+def greedy_reference(url: str, prompt: str | list[int], max_tokens: int = 12) -> tuple[list[str], int]:
+    """(the engine's greedy tokens, how many of them are decided): a token is decided while no earlier or same
+    position had its two best log-probabilities within NEAR_TIE (or two best tokens that print alike)."""
+    lp = complete(url, prompt, max_tokens, logprobs=2)["choices"][0]["logprobs"]
+    decided = len(lp["tokens"])
+    for i, top in enumerate(lp["top_logprobs"]):
+        best = sorted(top.values(), reverse=True)
+        if len(best) < 2 or best[0] - best[1] < NEAR_TIE:
+            decided = i
+            break
+    return lp["tokens"], decided
+
+
+def assert_same_greedy(reference: tuple[list[str], int], response: dict) -> None:
+    """The response (asked with logprobs=1) agrees with the reference on every decided token, and at least on
+    the first one (its KV and Mamba state came from the prompt as a whole)."""
+    tokens, decided = reference
+    got = response["choices"][0]["logprobs"]["tokens"]
+    assert got[:max(decided, 1)] == tokens[:max(decided, 1)], (got, tokens, decided)
