@@ -14,6 +14,7 @@ from collections import deque
 from .config import AdmissionConfig
 from .errors import Overloaded
 from .metrics import ProxyMetrics
+from .timers import expire
 
 
 class Admission:
@@ -43,7 +44,7 @@ class Admission:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._waiters.append(fut)
-        timer = loop.call_later(self.cfg.queue_timeout_s, _expire, fut)
+        timer = loop.call_later(self.cfg.queue_timeout_s, expire, fut)
         try:
             await fut  # a freed slot is handed over: `active` already counts this request
         except TimeoutError:
@@ -66,11 +67,6 @@ class Admission:
                 fut.set_result(None)  # the slot goes to the oldest waiter
                 return
         self.active -= 1
-
-
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError())
 
 
 class _Slot:

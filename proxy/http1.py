@@ -2,13 +2,12 @@
 
     pool = HTTPPool(connect_timeout=5.0)
     resp = await pool.request("POST", "http://p:8100", "/v1/completions", body, headers, timeout=30.0)
-    data = await resp.read()            # or: while chunk := await resp.readany(): ...
-    resp.stream_to(on_data, on_end)     # or: body pieces handed over from the connection's callback
+    data = await resp.read()            # or readany(), or stream_to(): see upstream_response.py
 
 Why not aiohttp's client: per request it builds a ClientRequest, a payload object, a connector key, timer
 contexts and a StreamReader that wakes a coroutine per SSE event; profiled under load that was a third of the
 proxy's CPU. Here one asyncio.Protocol per keep-alive connection parses the answer (content-length, chunked,
-or until close) straight into its Response, and the connection goes back to the pool as soon as the answer's
+or until close) straight into its Response (upstream_response.py), and the connection goes back to the pool as soon as the answer's
 last byte arrived (its body stays buffered in the Response).
 
 Errors are aiohttp's classes, so that upstream.py maps them at its one boundary as before:
@@ -22,135 +21,15 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from .timers import expire
+from .upstream_response import Response
+
 MAX_HEAD = 64 * 1024
-PAUSE_AT = 1024 * 1024  # buffered body bytes at which reading from the worker pauses (slow client)
 _NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(4)
-
-
-class Response:
-    """One answer: status and headers at once, the body as it arrives."""
-
-    __slots__ = ("status", "headers", "content_type", "_conn", "_chunks", "_size", "_done", "_exc", "_waiter",
-                 "_streaming", "_on_data", "_on_end")
-
-    def __init__(self, conn: _Connection, status: int, headers: dict[str, str]):
-        self.status, self.headers, self._conn = status, headers, conn
-        self.content_type = headers.get("content-type", "application/octet-stream").split(";", 1)[0].strip().lower()
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._done = False
-        self._exc: BaseException | None = None
-        self._waiter: asyncio.Future | None = None
-        self._streaming = False  # read by readany: reading from the worker pauses while the client lags
-        self._on_data: Callable[[bytes], None] | None = None  # set by stream_to
-        self._on_end: Callable[[BaseException | None], None] | None = None
-
-    async def readany(self, timeout: float | None = None) -> bytes:
-        """Whatever body bytes have arrived (waits for some); b"" at the end of the body."""
-        self._streaming = True
-        if not self._chunks and not self._done and self._exc is None:
-            await self._wait(timeout)
-        if self._chunks:
-            data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
-            self._chunks.clear()
-            if self._size >= PAUSE_AT and not self._done:
-                self._conn.resume()
-            self._size = 0
-            return data
-        if self._exc is not None:
-            raise self._exc
-        return b""
-
-    async def read(self, timeout: float | None = None) -> bytes:
-        """The whole body; TimeoutError when it did not end within `timeout` seconds."""
-        loop = self._conn.loop
-        deadline = None if timeout is None else loop.time() + timeout
-        while not self._done and self._exc is None:
-            await self._wait(None if deadline is None else max(0.0, deadline - loop.time()))
-        if self._exc is not None:
-            raise self._exc
-        data = b"".join(self._chunks)
-        self._chunks.clear()
-        return data
-
-    def stream_to(self, on_data: Callable[[bytes], None], on_end: Callable[[BaseException | None], None]) -> None:
-        """Hand the rest of the body to `on_data` piece by piece, called from the connection's own callback as
-        the bytes arrive (no task wakes up per piece: that is what a relay of many small SSE events pays for),
-        then call `on_end(None)` at the body's end or `on_end(exc)` when it broke. Bytes that arrived already
-        are handed over at once. Flow control is the caller's: pause_reading() / resume_reading()."""
-        self._streaming = True
-        if self._chunks:
-            data = b"".join(self._chunks)
-            self._chunks.clear()
-            self._size = 0
-            on_data(data)
-        if self._done or self._exc is not None:
-            on_end(self._exc)
-            return
-        self._on_data, self._on_end = on_data, on_end
-
-    def stop_streaming(self) -> None:
-        """Hand nothing more to stream_to's callbacks."""
-        self._on_data = self._on_end = None
-
-    def pause_reading(self) -> None:
-        self._conn.pause()
-
-    def resume_reading(self) -> None:
-        self._conn.resume()
-
-    def close(self) -> None:
-        """Drop the connection unless the answer is complete (then it is back in the pool already): a worker
-        sees its client leave mid-stream, and vLLM aborts the request."""
-        if not self._done:
-            self._conn.abort()
-
-    async def _wait(self, timeout: float | None) -> None:
-        loop = self._conn.loop
-        self._waiter = fut = loop.create_future()
-        timer = loop.call_later(timeout, _expire, fut) if timeout is not None else None
-        try:
-            await fut
-        finally:
-            self._waiter = None
-            if timer is not None:
-                timer.cancel()
-
-    def _feed(self, data: bytes) -> None:
-        if self._on_data is not None:
-            self._on_data(data)
-            return
-        self._chunks.append(data)
-        self._size += len(data)
-        if self._size >= PAUSE_AT and self._streaming:
-            self._conn.pause()
-        self._wake()
-
-    def _finish(self, exc: BaseException | None = None) -> None:
-        if exc is None:
-            self._done = True
-        else:
-            self._exc = exc
-        on_end = self._on_end
-        if on_end is not None:
-            self._on_data = self._on_end = None
-            on_end(exc)
-        self._wake()
-
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError())
 
 
 class _Connection(asyncio.Protocol):
@@ -364,7 +243,7 @@ class HTTPPool:
         for _ in (0, 1):
             conn = await self._acquire(loop, (scheme, host, port), deadline)
             fut = conn.send(data)
-            timer = loop.call_at(deadline, _expire, fut)
+            timer = loop.call_at(deadline, expire, fut)
             try:
                 return await fut
             except aiohttp.ServerDisconnectedError as e:

@@ -27,9 +27,6 @@ class _Value:
     def inc(self, amount: float = 1.0) -> None:
         self.value += amount
 
-    def dec(self, amount: float = 1.0) -> None:
-        self.value -= amount
-
     def set(self, value: float) -> None:
         self.value = float(value)
 
@@ -49,8 +46,6 @@ class _Buckets:
 
 class _Metric:
     """One metric family: its children by label values (one child, key (), when it has no labels)."""
-
-    kind = ""
 
     def __init__(self, name: str, doc: str, labelnames: tuple[str, ...] = ()):
         self.name, self.doc, self.labelnames = name, doc, tuple(labelnames)
@@ -94,12 +89,6 @@ class Gauge(_Metric):
     def set_function(self, f: Callable[[], float]) -> None:
         """The gauge's value is f(), read when scraped (a metric without labels)."""
         self._function = f
-
-    def set(self, value: float) -> None:
-        self._children[()].set(value)
-
-    def dec(self, amount: float = 1.0) -> None:
-        self._children[()].dec(amount)
 
     def family(self) -> Metric:
         f = GaugeMetricFamily(self.name, self.doc, labels=self.labelnames)

@@ -31,6 +31,7 @@ from .relay import relay_json, relay_sse
 from .routing import RequestContext
 from .routing.kv_hit import hit_tokens
 from .state import ProxyState
+from .timers import expire, time_left
 from .usage import fix_usage, prefill_hit
 from .workers import Worker
 
@@ -83,7 +84,7 @@ class PDFlow:
         worker = workers[hash(headers["X-Request-Id"]) % len(workers)]
         t = time.perf_counter()
         try:
-            timeout = min(self.cfg.timeouts.tokenize_s, _left(deadline))
+            timeout = min(self.cfg.timeouts.tokenize_s, time_left(deadline))
             out = await self.s.upstream.post_json(worker.url, "/tokenize", body, timeout=timeout, stage="tokenize",
                                                   headers=headers)
         except UpstreamStatus as e:
@@ -121,7 +122,7 @@ class PDFlow:
             prefiller = self._pick("prefill", ctx)
         except NoHealthyWorker:
             return self._fallback("no_prefill_worker")
-        if _left(deadline) <= 0:
+        if time_left(deadline) <= 0:
             raise TimeoutError
         body = req.prefill_body(self.cfg.kv.forward_token_ids)
         call = asyncio.ensure_future(self._call_prefill(prefiller, req, body, headers))
@@ -131,7 +132,7 @@ class PDFlow:
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
         call.add_done_callback(lambda _: waiter.done() or waiter.set_result(None))
-        timer = loop.call_at(deadline, _expire, waiter)
+        timer = loop.call_at(deadline, expire, waiter)
         try:
             await waiter
         except (asyncio.CancelledError, TimeoutError):
@@ -239,15 +240,6 @@ class PDFlow:
 
 def _kind(err: Exception) -> str:
     return "timeout" if isinstance(err, UpstreamTimeout) else "unavailable"
-
-
-def _left(deadline: float) -> float:
-    return deadline - asyncio.get_running_loop().time()
-
-
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError())
 
 
 def _consume(fut: asyncio.Future) -> None:

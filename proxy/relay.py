@@ -19,7 +19,7 @@ import msgspec
 from aiohttp import web
 
 from .errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from .http1 import Response
+from .upstream_response import Response
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()

@@ -16,7 +16,8 @@ import msgspec
 
 from .config import Timeouts
 from .errors import UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
-from .http1 import HTTPPool, Response
+from .http1 import HTTPPool
+from .upstream_response import Response
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
