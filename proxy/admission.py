@@ -21,13 +21,10 @@ class Admission:
     def __init__(self, cfg: AdmissionConfig, metrics: ProxyMetrics):
         self.cfg = cfg
         self.active = 0
+        self.waiting = 0  # requests waiting for a slot (a handed-over or expired future may linger in _waiters)
         self._waiters: deque[asyncio.Future] = deque()
         metrics.in_flight.set_function(lambda: self.active)
         metrics.queued.set_function(lambda: self.waiting)
-
-    @property
-    def waiting(self) -> int:
-        return sum(1 for w in self._waiters if not w.done())
 
     def slot(self) -> _Slot:
         """`async with admission.slot():` holds one of the max_in_flight slots (a class, not a generator-based
@@ -44,6 +41,7 @@ class Admission:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._waiters.append(fut)
+        self.waiting += 1
         timer = loop.call_later(self.cfg.queue_timeout_s, expire, fut)
         try:
             await fut  # a freed slot is handed over: `active` already counts this request
@@ -55,6 +53,7 @@ class Admission:
             raise
         finally:
             timer.cancel()
+            self.waiting -= 1
             if self._waiters and self._waiters[0] is fut:
                 self._waiters.popleft()
             elif fut in self._waiters:
