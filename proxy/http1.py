@@ -150,7 +150,7 @@ class _Connection(asyncio.Protocol):
         elif self._mode == _LENGTH:
             take = raw[:self._left]
             self._raw, self._left = raw[len(take):], self._left - len(take)
-            resp._feed(take)
+            resp._feed(take, last=self._left == 0)
             if self._left == 0:
                 self._complete()
         else:
@@ -183,7 +183,7 @@ class _Connection(asyncio.Protocol):
                 if not line:  # the empty line after the last chunk (and its trailers)
                     self._raw = raw[pos:]
                     if out:
-                        self._resp._feed(b"".join(out))  # type: ignore[union-attr]
+                        self._resp._feed(b"".join(out), last=True)  # type: ignore[union-attr]
                     self._complete()
                     return
                 continue
@@ -224,11 +224,14 @@ class HTTPPool:
         self._idle: dict[tuple[str, str, int], deque[_Connection]] = {}
         self._keys: dict[str, tuple[str, str, int, bytes]] = {}
         self._ssl: ssl.SSLContext | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     async def request(self, method: str, base: str, path: str, body: bytes | None, headers: dict[str, str] | None,
                       *, timeout: float) -> Response:
         """Send the request; return the Response once its status line and headers arrived within `timeout`."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
+        if loop is None:  # a pool serves one loop (its connections are that loop's transports)
+            loop = self.loop = asyncio.get_running_loop()  # once: on Python 3.11 each call is a getpid
         deadline = loop.time() + timeout
         scheme, host, port, host_header = self._key(base)
         head = [f"{method} {path} HTTP/1.1\r\nHost: ", host_header]

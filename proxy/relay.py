@@ -29,10 +29,10 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
 FixUsage = Callable[[dict[str, Any]], int | None]
 
 
-async def relay_json(resp: Response, fix: FixUsage, *, worker: str,
-                     deadline: float) -> tuple[web.Response, Any]:
+async def relay_json(resp: Response, fix: FixUsage, *, worker: str, deadline: float,
+                     loop: asyncio.AbstractEventLoop) -> tuple[web.Response, Any]:
     try:
-        raw = await resp.read(max(0.0, deadline - asyncio.get_running_loop().time()))
+        raw = await resp.read(max(0.0, deadline - loop.time()))
     except TimeoutError:
         raise UpstreamTimeout(f"decode worker {worker} did not finish before the total timeout", worker=worker,
                               stage="decode") from None
@@ -48,7 +48,8 @@ async def relay_json(resp: Response, fix: FixUsage, *, worker: str,
 
 
 async def relay_sse(request: web.Request, resp: Response, fix: FixUsage, *, worker: str,
-                    first_byte_timeout: float, deadline: float, on_first_byte: Callable[[], None]) -> SSEResult:
+                    first_byte_timeout: float, deadline: float, loop: asyncio.AbstractEventLoop,
+                    on_first_byte: Callable[[], None]) -> SSEResult:
     """Stream D's SSE to the client. The first bytes must come within `first_byte_timeout` seconds, or
     UpstreamTimeout is raised before anything was sent. A stream that breaks later ends with an SSE error
     event (the status line is gone already); a client that goes away sets client_gone."""
@@ -57,7 +58,7 @@ async def relay_sse(request: web.Request, resp: Response, fix: FixUsage, *, work
     except TimeoutError:
         raise UpstreamTimeout(f"decode worker {worker} sent no first byte within {first_byte_timeout:g} s",
                               worker=worker, stage="decode") from None
-    result = SSEResult(web.StreamResponse(status=resp.status, headers=SSE_HEADERS))
+    result = SSEResult(_SSEResponse(status=resp.status, headers=SSE_HEADERS))
     out = result.response
     pipe = _SSEPipe(request, resp, fix, result)
     try:
@@ -66,15 +67,20 @@ async def relay_sse(request: web.Request, resp: Response, fix: FixUsage, *, work
         await out.prepare(request)
         if first:
             on_first_byte()
-        await out.write(pipe.complete_lines(first))  # the headers and the first lines leave in one write
-        await pipe.run(deadline)
-        # A stream that ended inside a line: its tail goes as it is. write_eof waits for a lagging client to read.
-        tail = _fix_lines(pipe.partial, fix, result) if pipe.partial else b""
+        if not resp.complete:
+            await out.write(pipe.complete_lines(first))  # the headers and the first lines leave in one write
+            await pipe.run(loop, deadline)
+            first = await resp.readany()  # the piece that came with the end of D's body (stream_to keeps it)
+        # The last lines (and the tail of a line, when the stream ended inside one) leave with the end of the
+        # answer, in one write. write_eof waits for a lagging client to read.
+        last = pipe.complete_lines(first)
+        if pipe.partial:
+            last += _fix_lines(pipe.partial, fix, result)
         if request.protocol is not None and request.protocol.writing_paused:
             async with asyncio.timeout_at(deadline):
-                await out.write_eof(tail)
+                await out.write_eof(last)
         else:
-            await out.write_eof(tail)
+            await out.write_eof(last)
     except TimeoutError:
         result.broken = UpstreamTimeout(f"decode worker {worker} did not finish before the total timeout",
                                         worker=worker, stage="decode")
@@ -88,6 +94,10 @@ async def relay_sse(request: web.Request, resp: Response, fix: FixUsage, *, work
     finally:
         resp.stop_streaming()
     return result
+
+
+class _SSEResponse(web.StreamResponse):
+    _send_headers_immediately = False  # as aiohttp's web.Response: the head leaves with the first body bytes
 
 
 class _SSEPipe:
@@ -116,10 +126,9 @@ class _SSEPipe:
             data = _fix_lines(data, self.fix, self.result)
         return data
 
-    async def run(self, deadline: float) -> None:
+    async def run(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
         """Relay until D's body ends; raises what broke it: D's error, ConnectionResetError (the client left),
         TimeoutError (the deadline, a loop time, passed)."""
-        loop = asyncio.get_running_loop()
         timer = loop.call_at(deadline, self._stop, TimeoutError())
         self.resp.stream_to(self._on_data, self._on_end)
         try:
@@ -130,7 +139,7 @@ class _SSEPipe:
                     raise self._error
                 drain = None
                 if self._lagging:  # wait for the client's buffer to drain, or for the deadline
-                    drain = asyncio.ensure_future(self.request.writer.drain())
+                    drain = loop.create_task(self.request.writer.drain())
                     drain.add_done_callback(lambda _: self._notify())
                 self._wake = loop.create_future()
                 try:

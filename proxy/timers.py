@@ -13,6 +13,7 @@ def expire(fut: asyncio.Future) -> None:
         fut.set_exception(TimeoutError())
 
 
-def time_left(deadline: float) -> float:
-    """Seconds from now (loop time) to `deadline`; negative once it passed."""
-    return deadline - asyncio.get_running_loop().time()
+def time_left(loop: asyncio.AbstractEventLoop, deadline: float) -> float:
+    """Seconds from now (loop time) to `deadline`; negative once it passed. The loop is passed in: on Python
+    3.11, asyncio.get_running_loop() makes a getpid system call each time."""
+    return deadline - loop.time()

@@ -6,8 +6,8 @@ path (the Kubernetes API, with TLS and its own headers)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -96,12 +96,11 @@ class Upstream:
 
     async def _call(self, method: str, base: str, path: str, body: bytes | None, headers: dict[str, str] | None,
                     timeout: float, stage: str) -> Any:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        start = time.monotonic()
         try:
             resp = await self.pool.request(method, base, path, body, headers, timeout=timeout)
             try:
-                raw = await resp.read(max(0.0, deadline - loop.time()))
+                raw = await resp.read(max(0.0, start + timeout - time.monotonic()))
             finally:
                 resp.close()
         except (TimeoutError, aiohttp.ClientError, OSError) as e:

@@ -4,6 +4,7 @@ as it arrives, read in one of three ways:
     data = await resp.read(timeout)          # the whole body
     data = await resp.readany(timeout)       # whatever arrived (waits for some); b"" at the end
     resp.stream_to(on_data, on_end)          # every later piece handed over from the connection's callback
+                                             # (but the last: see stream_to)
 
 The connection (http1._Connection) feeds it with _feed / _finish; close() drops an unfinished answer's
 connection, so that the worker sees its client leave.
@@ -65,7 +66,9 @@ class Response:
         """Hand the rest of the body to `on_data` piece by piece, called from the connection's own callback as
         the bytes arrive (no task wakes up per piece: that is what a relay of many small SSE events pays for),
         then call `on_end(None)` at the body's end or `on_end(exc)` when it broke. Bytes that arrived already
-        are handed over at once. Flow control is the caller's: pause_reading() / resume_reading()."""
+        are handed over at once. The piece that arrives with the body's end stays here for readany(), so that
+        the caller can send it with the end of its own answer (one write instead of two). Flow control is the
+        caller's: pause_reading() / resume_reading()."""
         if self._chunks:
             data = b"".join(self._chunks)
             self._chunks.clear()
@@ -74,6 +77,11 @@ class Response:
             on_end(self._exc)
             return
         self._on_data, self._on_end = on_data, on_end
+
+    @property
+    def complete(self) -> bool:
+        """The whole body arrived (some of it may be unread)."""
+        return self._done
 
     def stop_streaming(self) -> None:
         """Hand nothing more to stream_to's callbacks."""
@@ -102,8 +110,9 @@ class Response:
             if timer is not None:
                 timer.cancel()
 
-    def _feed(self, data: bytes) -> None:
-        if self._on_data is not None:
+    def _feed(self, data: bytes, last: bool = False) -> None:
+        """`last`: the body ends with this piece (_finish follows at once)."""
+        if self._on_data is not None and not last:
             self._on_data(data)
             return
         self._chunks.append(data)
