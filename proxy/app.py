@@ -1,8 +1,8 @@
-"""The aiohttp application: routes, the error boundary, and the background tasks' lifecycle.
+"""The proxy's routes, the error boundary, and the background tasks' lifecycle, on http_server.HTTPServer.
 
-    build_app(config) -> web.Application            (tests run it in-process: see serve_in_background)
+    async with serve_in_background(config) as proxy: ...     (server.py runs it until a signal; tests in-process)
 
-Every error a client can see leaves through `error_boundary`, OpenAI-shaped:
+Every error a client can see leaves through `ProxyApp.handle`, OpenAI-shaped:
 {"error": {"message", "type", "param", "code"}}.
 """
 
@@ -15,107 +15,108 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
-from aiohttp import web
 
 from .background import Background
 from .config import ProxyConfig
 from .errors import (BadRequest, NoHealthyWorker, Overloaded, ProxyError, UpstreamError, UpstreamStatus,
                      UpstreamTimeout, UpstreamUnavailable, error_bytes)
+from .http_server import HTTPServer, Limits, Request
 from .openai_api import Endpoint, parse_request
 from .pd_flow import PDFlow
 from .state import ProxyState
 
 log = logging.getLogger("hybrid_pd.proxy")
-STATE = web.AppKey("state", ProxyState)
-MAX_BODY_BYTES = 64 * 1024 * 1024  # long-context prompts as text or token ids
 _encoder = msgspec.json.Encoder()
+Route = Callable[[Request], Awaitable[None]]
 
 
-def build_app(config: ProxyConfig) -> web.Application:
-    state = ProxyState.build(config)
-    app = web.Application(middlewares=[error_boundary], client_max_size=MAX_BODY_BYTES)
-    app[STATE] = state
-    flow = PDFlow(state)
+class ProxyApp:
+    def __init__(self, config: ProxyConfig):
+        self.config = config
+        self.state = ProxyState.build(config)
+        self.flow = PDFlow(self.state)
+        self.routes: dict[str, dict[str, Route]] = {
+            "/v1/completions": {"POST": self._generate("completions")},
+            "/v1/chat/completions": {"POST": self._generate("chat")},
+            "/v1/models": {"GET": self.models},
+            "/health": {"GET": self.health},
+            "/metrics": {"GET": self.metrics},
+        }
 
-    def generate(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-        async def handler(request: web.Request) -> web.StreamResponse:
-            req = parse_request(endpoint, await request.read())
+    async def handle(self, request: Request) -> None:
+        """Route a request; answer every error OpenAI-shaped (the boundary)."""
+        metrics = self.state.metrics
+        try:
+            methods = self.routes.get(request.path)
+            if methods is None:
+                raise _http_error(404, f"no such endpoint: {request.path}")
+            route = methods.get("GET" if request.method == "HEAD" else request.method)
+            if route is None:
+                raise _http_error(405, f"{request.method} is not allowed on {request.path} "
+                                       f"(allowed: {', '.join(methods)})")
+            await route(request)
+        except ProxyError as e:
+            metrics.errors.labels(error_kind(e)).inc()
+            if e.status >= 500:
+                log.warning("%s %s -> %d: %s", request.method, request.path, e.status, e.message)
+            _answer_error(request, e)
+        except TimeoutError:
+            metrics.errors.labels("timeout").inc()
+            _answer_error(request, UpstreamTimeout("the request did not finish within the total timeout "
+                                                   "(--total-timeout)"))
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:  # the last line of defence: log it, fail this request, keep serving
+            log.exception("internal error on %s %s", request.method, request.path)
+            metrics.errors.labels("internal").inc()
+            _answer_error(request, ProxyError("internal proxy error"))
+
+    def _generate(self, endpoint: Endpoint) -> Route:
+        state, flow = self.state, self.flow
+
+        async def generate(request: Request) -> None:
+            req = parse_request(endpoint, request.body)
             try:
                 async with state.admission.slot():
-                    return await flow.serve(request, req)
+                    await flow.serve(request, req)
             except asyncio.CancelledError:
                 state.metrics.errors.labels("client_disconnect").inc()
                 raise
-        return handler
+        return generate
 
-    async def models(request: web.Request) -> web.Response:
-        decoders = state.pool.admitted("decode")
+    async def models(self, request: Request) -> None:
+        decoders = self.state.pool.admitted("decode")
         if not decoders:
             raise NoHealthyWorker("no healthy decode worker is admitted")
-        payload = await state.upstream.get_json(decoders[0].url, "/v1/models", stage="models",
-                                                timeout=config.timeouts.decode_first_byte_s)
-        return web.Response(body=_encoder.encode(payload), content_type="application/json")
+        payload = await self.state.upstream.get_json(decoders[0].url, "/v1/models", stage="models",
+                                                     timeout=self.config.timeouts.decode_first_byte_s)
+        request.respond(200, _encoder.encode(payload))
 
-    async def health(request: web.Request) -> web.Response:
+    async def health(self, request: Request) -> None:
+        state = self.state
         counts = {role: len(state.pool.admitted(role)) for role in ("prefill", "decode")}
         ok = counts["decode"] > 0
         body = {"status": "ok" if ok else "no healthy decode worker", "admitted": counts,
                 "ejected": [w.url for w in state.pool.all() if not w.healthy],
                 "kv_hashes_verified": state.kv_index.hashes_verified}
-        return web.Response(body=_encoder.encode(body), status=200 if ok else 503, content_type="application/json")
+        request.respond(200 if ok else 503, _encoder.encode(body))
 
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=state.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
-
-    app.router.add_post("/v1/completions", generate("completions"))
-    app.router.add_post("/v1/chat/completions", generate("chat"))
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    app.cleanup_ctx.append(_lifecycle)
-    return app
+    async def metrics(self, request: Request) -> None:
+        request.respond(200, self.state.metrics.render(), content_type="text/plain; version=0.0.4")
 
 
-async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    state = app[STATE]
-    await state.upstream.start()
-    background = Background(state)
-    await background.start()
-    try:
-        yield
-    finally:
-        await background.stop()
-        await state.upstream.close()
+def _http_error(status: int, message: str) -> ProxyError:
+    err = BadRequest(message)
+    err.status = status
+    return err
 
 
-@web.middleware
-async def error_boundary(request: web.Request,
-                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    metrics = request.app[STATE].metrics
-    try:
-        return await handler(request)
-    except ProxyError as e:
-        metrics.errors.labels(error_kind(e)).inc()
-        if e.status >= 500:
-            log.warning("%s %s -> %d: %s", request.method, request.path, e.status, e.message)
-        return _error_response(e)
-    except TimeoutError:
-        e = UpstreamTimeout("the request did not finish within the total timeout (--total-timeout)")
-        metrics.errors.labels("timeout").inc()
-        return _error_response(e)
-    except web.HTTPException as e:  # 404, 405, 413 from aiohttp itself: same shape as ours
-        if e.status < 400:
-            raise
-        err = ProxyError(e.reason or "error")
-        err.status, err.type = e.status, "invalid_request_error" if e.status < 500 else "internal_error"
-        metrics.errors.labels("bad_request" if e.status < 500 else "internal").inc()
-        return _error_response(err)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:  # the last line of defence: log it, fail this request, keep serving
-        log.exception("internal error on %s %s", request.method, request.path)
-        metrics.errors.labels("internal").inc()
-        return _error_response(ProxyError("internal proxy error"))
+def _answer_error(request: Request, e: ProxyError) -> None:
+    if request.started:  # mid-stream (the relay writes its own error event): the client cannot be told more
+        if request.transport is not None:
+            request.transport.close()
+        return
+    request.respond(e.status, error_bytes(e))
 
 
 def error_kind(e: ProxyError) -> str:
@@ -128,31 +129,31 @@ def error_kind(e: ProxyError) -> str:
     return "internal"
 
 
-def _error_response(e: ProxyError) -> web.Response:
-    return web.Response(body=error_bytes(e), status=e.status, content_type="application/json")
-
-
 @dataclass(frozen=True)
 class RunningProxy:
     url: str
-    app: web.Application
+    app: ProxyApp
 
     @property
     def state(self) -> ProxyState:
-        return self.app[STATE]
+        return self.app.state
 
 
 @contextlib.asynccontextmanager
 async def serve_in_background(config: ProxyConfig) -> AsyncIterator[RunningProxy]:
     """Run the proxy in this event loop on config.host:config.port (0 = a free port); stops it on exit.
     Handlers are cancelled when their client disconnects (that is what aborts the decode leg)."""
-    app = build_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    app = ProxyApp(config)
+    state = app.state
+    await state.upstream.start()
+    background = Background(state)
+    await background.start()
+    server = None
     try:
-        yield RunningProxy(f"http://{config.host}:{port}", app)
+        server = await HTTPServer.start(config.host, config.port, app.handle, Limits())
+        yield RunningProxy(f"http://{config.host}:{server.port}", app)
     finally:
-        await runner.cleanup()
+        if server is not None:
+            await server.stop(grace_s=1.0)
+        await background.stop()
+        await state.upstream.close()

@@ -22,10 +22,9 @@ import os
 import time
 from typing import Any
 
-from aiohttp import web
-
 from .disagg import REMOTE, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
+from .http_server import Request
 from .openai_api import OpenAIRequest
 from .relay import relay_json, relay_sse
 from .routing import RequestContext
@@ -52,11 +51,12 @@ class PDFlow:
         # asyncio.get_running_loop() is a getpid system call: ten of them were 4% of the CPU per request).
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
 
-    async def serve(self, request: web.Request, req: OpenAIRequest) -> web.StreamResponse:
-        """Run the flow for a parsed request; ProxyErrors propagate to the app's error boundary."""
+    async def serve(self, request: Request, req: OpenAIRequest) -> None:
+        """Run the flow for a parsed request and answer it; ProxyErrors propagate to the app's error boundary
+        (when nothing was sent yet)."""
         t0 = time.perf_counter()
         headers = {k: request.headers[k] for k in FORWARDED_HEADERS if k in request.headers}
-        headers["X-Request-Id"] = request.headers.get("X-Request-Id") or f"{_ID_PREFIX}{next(_ids)}"
+        headers["X-Request-Id"] = request.headers.get("x-request-id") or f"{_ID_PREFIX}{next(_ids)}"
         ctx = RequestContext(session=request.headers.get(self.cfg.routing.session_header) or req.user,
                              token_ids=req.token_ids, cache_salt=_str_or_none(req.body.get("cache_salt")),
                              hash_algo=self.cfg.kv.hash_algo, hash_seed=self.s.kv_index.seed)
@@ -76,9 +76,8 @@ class PDFlow:
         if decision == REMOTE:
             ktp, p_hit, mode = await self._prefill(req, ctx, headers, deadline)
         d_local = ctx.hits.get(decoder.url) if ktp is not None else None
-        response = await self._decode(request, req, decoder, ktp, p_hit, d_local, headers, t0, mode, ctx, deadline)
+        await self._decode(request, req, decoder, ktp, p_hit, d_local, headers, t0, mode, ctx, deadline)
         self.c(self.m.latency, req.endpoint).observe(time.perf_counter() - t0)
-        return response
 
     # ---- steps --------------------------------------------------------------------------------------------
     async def _tokenize(self, req: OpenAIRequest, headers: dict[str, str], deadline: float) -> list[int] | None:
@@ -180,9 +179,9 @@ class PDFlow:
         self.c(self.m.fallbacks, reason).inc()
         return None, None, "fallback"
 
-    async def _decode(self, request: web.Request, req: OpenAIRequest, decoder: Worker, ktp: dict[str, Any] | None,
+    async def _decode(self, request: Request, req: OpenAIRequest, decoder: Worker, ktp: dict[str, Any] | None,
                       p_hit: int | None, d_local: int | None, headers: dict[str, str], t0: float, mode: str,
-                      ctx: RequestContext, deadline: float) -> web.StreamResponse:
+                      ctx: RequestContext, deadline: float) -> None:
         body = req.decode_body(ktp, self.cfg.kv.forward_token_ids)
         if d_local:
             self.c(self.m.hit_tokens, "decoder_local").inc(d_local)
@@ -205,16 +204,17 @@ class PDFlow:
                                 request, resp, fix, worker=decoder.url, first_byte_timeout=first_byte,
                                 deadline=deadline, loop=loop, on_first_byte=lambda: self.c(self.m.ttft, req.endpoint).observe(
                                     time.perf_counter() - t0))
-                            out, usage = result.response, result.usage
+                            status, usage = result.status, result.usage
                             if result.broken is not None:
                                 self.c(self.m.errors, _kind(result.broken)).inc()
                             if result.client_gone:
                                 self.c(self.m.errors, "client_disconnect").inc()
                                 self.c(self.m.requests, req.endpoint, mode, "499").inc()
-                                return out
+                                return
                         else:
-                            out, payload = await relay_json(resp, fix, worker=decoder.url, deadline=deadline,
-                                                              loop=loop)
+                            payload = await relay_json(request, resp, fix, worker=decoder.url, deadline=deadline,
+                                                       loop=loop)
+                            status = resp.status
                             self.c(self.m.ttft, req.endpoint).observe(time.perf_counter() - t0)
                             usage = payload.get("usage") if isinstance(payload, dict) else None
                 break
@@ -225,8 +225,7 @@ class PDFlow:
                     raise
                 decoder = self._pick("decode", ctx, exclude=decoder)
         self.c(self.m.stage_latency, "decode").observe(time.perf_counter() - t)
-        self._count(req, mode, out.status, usage)
-        return out
+        self._count(req, mode, status, usage)
 
     def _count(self, req: OpenAIRequest, mode: str, status: int, usage: Any) -> None:
         self.c(self.m.requests, req.endpoint, mode, str(status)).inc()

@@ -16,21 +16,22 @@ from typing import Any
 
 import aiohttp
 import msgspec
-from aiohttp import web
 
 from .errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from .http_server import Request
 from .upstream_response import Response
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 FixUsage = Callable[[dict[str, Any]], int | None]
 
 
-async def relay_json(resp: Response, fix: FixUsage, *, worker: str, deadline: float,
-                     loop: asyncio.AbstractEventLoop) -> tuple[web.Response, Any]:
+async def relay_json(request: Request, resp: Response, fix: FixUsage, *, worker: str, deadline: float,
+                     loop: asyncio.AbstractEventLoop) -> Any:
+    """Answer D's whole JSON (fixed) to the client; returns the decoded payload."""
     try:
         raw = await resp.read(max(0.0, deadline - loop.time()))
     except TimeoutError:
@@ -44,10 +45,11 @@ async def relay_json(resp: Response, fix: FixUsage, *, worker: str, deadline: fl
     if isinstance(payload, dict):
         payload.pop("kv_transfer_params", None)
         fix(payload)
-    return web.Response(body=_encoder.encode(payload), status=resp.status, content_type="application/json"), payload
+    request.respond(resp.status, _encoder.encode(payload))
+    return payload
 
 
-async def relay_sse(request: web.Request, resp: Response, fix: FixUsage, *, worker: str,
+async def relay_sse(request: Request, resp: Response, fix: FixUsage, *, worker: str,
                     first_byte_timeout: float, deadline: float, loop: asyncio.AbstractEventLoop,
                     on_first_byte: Callable[[], None]) -> SSEResult:
     """Stream D's SSE to the client. The first bytes must come within `first_byte_timeout` seconds, or
@@ -58,46 +60,39 @@ async def relay_sse(request: web.Request, resp: Response, fix: FixUsage, *, work
     except TimeoutError:
         raise UpstreamTimeout(f"decode worker {worker} sent no first byte within {first_byte_timeout:g} s",
                               worker=worker, stage="decode") from None
-    result = SSEResult(_SSEResponse(status=resp.status, headers=SSE_HEADERS))
-    out = result.response
+    result = SSEResult(resp.status)
     pipe = _SSEPipe(request, resp, fix, result)
     try:
-        if pipe.chunked:
-            out.enable_chunked_encoding()  # the pipe frames its chunks itself
-        await out.prepare(request)
+        request.begin_stream(resp.status, "text/event-stream", SSE_HEADERS)  # the head leaves with the first data
         if first:
             on_first_byte()
         if not resp.complete:
-            await out.write(pipe.complete_lines(first))  # the headers and the first lines leave in one write
+            request.write(pipe.complete_lines(first))
             await pipe.run(loop, deadline)
             first = await resp.readany()  # the piece that came with the end of D's body (stream_to keeps it)
         # The last lines (and the tail of a line, when the stream ended inside one) leave with the end of the
-        # answer, in one write. write_eof waits for a lagging client to read.
+        # answer, in one write; a lagging client gets until the deadline to take it.
         last = pipe.complete_lines(first)
         if pipe.partial:
             last += _fix_lines(pipe.partial, fix, result)
-        if request.protocol is not None and request.protocol.writing_paused:
+        _check_client(request)
+        request.end_stream(last)
+        if request.writing_paused:
             async with asyncio.timeout_at(deadline):
-                await out.write_eof(last)
-        else:
-            await out.write_eof(last)
+                await request.drain()
     except TimeoutError:
         result.broken = UpstreamTimeout(f"decode worker {worker} did not finish before the total timeout",
                                         worker=worker, stage="decode")
-        await write_stream_error(request, out, result.broken)
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        write_stream_error(request, result.broken)
+    except ConnectionResetError:
         result.client_gone = True  # leaving returns D's connection closed: vLLM aborts the request
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
         result.broken = UpstreamUnavailable(f"decode worker {worker} broke the stream: {e!r}", worker=worker,
                                             stage="decode")
-        await write_stream_error(request, out, result.broken)
+        write_stream_error(request, result.broken)
     finally:
         resp.stop_streaming()
     return result
-
-
-class _SSEResponse(web.StreamResponse):
-    _send_headers_immediately = False  # as aiohttp's web.Response: the head leaves with the first body bytes
 
 
 class _SSEPipe:
@@ -106,9 +101,8 @@ class _SSEPipe:
     line to rewrite is always seen whole). The relaying task sleeps in run() until the body ends, breaks, the
     client leaves, or the client lags: then reading from D pauses until the client's buffer drained."""
 
-    def __init__(self, request: web.Request, resp: Response, fix: FixUsage, result: SSEResult):
+    def __init__(self, request: Request, resp: Response, fix: FixUsage, result: SSEResult):
         self.request, self.resp, self.fix, self.result = request, resp, fix, result
-        self.chunked = request.version >= aiohttp.HttpVersion11  # an HTTP/1.0 client reads until close
         self.partial = b""
         self._ended = False
         self._error: BaseException | None = None
@@ -139,7 +133,7 @@ class _SSEPipe:
                     raise self._error
                 drain = None
                 if self._lagging:  # wait for the client's buffer to drain, or for the deadline
-                    drain = loop.create_task(self.request.writer.drain())
+                    drain = loop.create_task(self.request.drain())
                     drain.add_done_callback(lambda _: self._notify())
                 self._wake = loop.create_future()
                 try:
@@ -159,12 +153,13 @@ class _SSEPipe:
         data = self.complete_lines(data)
         if not data:
             return
-        transport = self.request.transport
+        request = self.request
+        transport = request.conn.transport
         if transport is None or transport.is_closing():
             self._stop(ConnectionResetError("the client closed its connection"))
             return
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
-        if self.request.protocol.writing_paused:  # the client's buffer is past its high-water mark
+        transport.write(request.frame(data))
+        if request.conn.writing_paused:  # the client's buffer is past its high-water mark
             self._lagging = True
             self.resp.pause_reading()
             self._notify()
@@ -188,23 +183,28 @@ class _SSEPipe:
 
 @dataclass
 class SSEResult:
-    response: web.StreamResponse
+    status: int
     usage: dict[str, Any] | None = None
     broken: ProxyError | None = None  # the stream ended early because the decoder failed
     client_gone: bool = False  # the client closed its connection mid-stream
 
 
-async def write_stream_error(request: web.Request, out: web.StreamResponse, err: ProxyError) -> None:
-    """An error after the stream began: the status is sent already, so tell the client in an SSE event. A client
-    that does not read (its buffer is full) gets its connection closed instead of a wait that never ends."""
-    if request.protocol is not None and request.protocol.writing_paused and request.transport is not None:
-        request.transport.abort()
+def write_stream_error(request: Request, err: ProxyError) -> None:
+    """An error after the stream began: the status is sent already, so tell the client in an SSE event and end
+    the answer. A client that does not read (its buffer is full) gets its connection closed instead."""
+    transport = request.transport
+    if transport is None or transport.is_closing():
         return
-    try:
-        await out.write(b"data: " + _encoder.encode(err.body()) + b"\n\n")
-        await out.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError, RuntimeError):
-        pass
+    if request.writing_paused:
+        transport.abort()
+        return
+    request.end_stream(b"data: " + _encoder.encode(err.body()) + b"\n\n")
+
+
+def _check_client(request: Request) -> None:
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise ConnectionResetError("the client closed its connection")
 
 
 def _fix_lines(data: bytes, fix: FixUsage, result: SSEResult) -> bytes:

@@ -9,7 +9,8 @@ with kv_transfer_params, D streams SSE, like vLLM's PD endpoints):
   - vllm-router 0.1.17 (`--vllm-pd-disaggregation --policy round_robin`), installed into its own venv
     (--router-venv, created by this script on first use: `python3.11 -m venv`, `pip install vllm-router==0.1.17`);
     never into the project's dependencies;
-  - toy proxy: the design of vLLM's examples/.../disagg_proxy `toy_proxy_server.py` (FastAPI + httpx, P then D).
+  - toy proxy: the design of vLLM's examples/.../disagg_proxy `toy_proxy_server.py` (FastAPI + httpx, P then D);
+  - with --baseline REV: our proxy as of git revision REV as well (an A/B of a proxy change in one run).
 
 Every proxy runs under `taskset -c 0` (one core each, one at a time under load); the fake workers and the load
 generator (this process) run on core 1. For each round (--rounds, interleaved: round 1 measures every peer,
@@ -50,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROUTER_VERSION = "0.1.17"
 DEFAULT_ROUTER_VENV = Path("/root/.cache/hybrid-pd/bench-venv")
 PROXY_CORE, HARNESS_CORE = 0, 1
+CODE_FOLDERS = ("proxy", "prefill", "decode", "connector")  # what the hybrid_pd package is made of (pyproject.toml)
 
 TOY_PROXY = textwrap.dedent("""
     # The shape of vLLM's toy_proxy_server.py: FastAPI + one httpx.AsyncClient per worker, P then D.
@@ -191,8 +193,8 @@ def start_all(args: argparse.Namespace, tmp: str, procs: list[subprocess.Popen])
     on_proxy_core = ["taskset", "-c", str(PROXY_CORE)]
     quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": open(Path(tmp) / "stderr.log", "w")}
 
-    def launch(argv: list[str]) -> subprocess.Popen:
-        procs.append(subprocess.Popen(argv, **quiet))
+    def launch(argv: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        procs.append(subprocess.Popen(argv, **{**quiet, "env": {**env, **(extra_env or {})}}))
         return procs[-1]
 
     workers = launch(["taskset", "-c", str(HARNESS_CORE), PY, "-m", "tests.bench.proxy_fake_workers", str(p_port),
@@ -201,6 +203,11 @@ def start_all(args: argparse.Namespace, tmp: str, procs: list[subprocess.Popen])
     ours = launch([*on_proxy_core, PY, "-m", "hybrid_pd.proxy.server", "--port", str(ours_port), "--prefill", p_url,
                    "--decode", d_url, "--log-level", "WARNING"])
     launched.append(("hybrid-pd proxy", f"http://127.0.0.1:{ours_port}", ours, ours))
+    if args.baseline:
+        base_port = free_port()
+        base = launch([*on_proxy_core, PY, "-m", "hybrid_pd.proxy.server", "--port", str(base_port), "--prefill", p_url,
+                       "--decode", d_url, "--log-level", "WARNING"], {"PYTHONPATH": checkout(args.baseline, tmp)})
+        launched.append((f"hybrid-pd proxy @{args.baseline}", f"http://127.0.0.1:{base_port}", base, base))
     if not args.no_router:
         router = launch([*on_proxy_core, str(ensure_router(args.router_venv)), "--vllm-pd-disaggregation",
                          "--prefill", p_url, "--decode", d_url, "--host", "127.0.0.1", "--port", str(router_port),
@@ -216,6 +223,21 @@ def start_all(args: argparse.Namespace, tmp: str, procs: list[subprocess.Popen])
         wait_healthy(url, proc)
         peers.append(Peer(name, url, psutil.Process(proxy.pid) if proxy is not None else None))
     return peers
+
+
+def checkout(rev: str, tmp: str) -> str:
+    """The project's code folders as of `rev`, importable as hybrid_pd from the returned directory (put first on
+    PYTHONPATH, it wins over the editable install)."""
+    src, pkg = Path(tmp) / "baseline-src", Path(tmp) / "baseline" / "hybrid_pd"
+    src.mkdir()
+    pkg.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, *CODE_FOLDERS], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    (pkg / "__init__.py").write_text("")
+    for folder in CODE_FOLDERS:
+        (pkg / folder).symlink_to(src / folder)
+    return str(pkg.parent)
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:
@@ -256,7 +278,8 @@ def report(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace) 
         lines.append(f"| {name} | {added(name, 'p50'):.2f} | {added(name, 'p99'):.2f} | {med(name, 'p50'):.2f} | "
                      f"{med(name, 'p99'):.2f} | {med(name, 'cpu_ms_c1'):.3f} | {med(name, 'cpu_ms_c64'):.3f} | "
                      f"{med(name, 'rps'):.0f} | {100 * med(name, 'core_util'):.0f}% |")
-    ratios = _ratios_to_router(rounds, names, args)
+    ratios = _ratios_to(rounds, names, args, next((n for n in names if n.startswith("vllm-router")), None))
+    ratios += _ratios_to(rounds, names, args, next((n for n in names if n.startswith("hybrid-pd proxy @")), None))
     per_round = ["", "Per round (added p50 ms / req/s c=%d / CPU ms/req c=%d):" % (args.concurrency, args.concurrency), ""]
     for name in names[1:]:
         cells = [f"{r[name]['p50'] - r[direct]['p50']:.2f} / {r[name]['rps']:.0f} / {r[name]['cpu_ms_c64']:.3f}"
@@ -265,11 +288,11 @@ def report(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace) 
     return "\n".join(lines + ratios + per_round) + "\n"
 
 
-def _ratios_to_router(rounds: list[dict[str, dict[str, float]]], names: list[str],
-                      args: argparse.Namespace) -> list[str]:
-    """Each peer over vllm-router, per round (both measured minutes apart on the same machine), median of the
-    rounds: the machine is shared, and a ratio within a round is steadier than a ratio of medians."""
-    router = next((n for n in names if n.startswith("vllm-router")), None)
+def _ratios_to(rounds: list[dict[str, dict[str, float]]], names: list[str], args: argparse.Namespace,
+               router: str | None) -> list[str]:
+    """Each peer over `router` (vllm-router, or our --baseline), per round (both measured minutes apart on the
+    same machine), median of the rounds: the machine is shared, and a ratio within a round is steadier than a
+    ratio of medians."""
     if router is None:
         return []
     direct = names[0]
@@ -303,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--router-venv", type=Path, default=DEFAULT_ROUTER_VENV)
     ap.add_argument("--no-router", action="store_true", help="leave vllm-router out")
     ap.add_argument("--only", default="", help="comma-separated substrings of peer names to measure (and direct)")
+    ap.add_argument("--baseline", default="", metavar="REV",
+                    help="also measure our proxy as of this git revision (an A/B of a change, in one run)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     BODY["max_tokens"] = args.tokens
