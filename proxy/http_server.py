@@ -286,7 +286,10 @@ class Connection(asyncio.Protocol):
         if self.transport is None:
             return
         if not req.done:  # a handler that left its answer unfinished: the client cannot tell where it ends
-            if not req.started:
+            if self.server.stopping and not req.started:
+                req.keep_alive = False
+                req.respond(503, error_body(503, "service_unavailable", "the proxy is shutting down; retry"))
+            elif not req.started:
                 req.respond(500, error_body(500, "internal_error", "the proxy gave no answer"))
             else:
                 self.transport.close()
@@ -338,6 +341,7 @@ class HTTPServer:
         self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        self.stopping = False
 
     @classmethod
     async def start(cls, host: str, port: int, handler: Handler, limits: Limits = Limits()) -> HTTPServer:
@@ -353,7 +357,9 @@ class HTTPServer:
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self, grace_s: float = 1.0) -> None:
-        """Stop accepting; close idle connections; give requests in progress `grace_s` seconds, then cancel."""
+        """Stop accepting; close idle connections; give requests in progress `grace_s` seconds, then cancel
+        them (one not answered yet gets a 503)."""
+        self.stopping = True
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._server is not None:
@@ -371,7 +377,7 @@ class HTTPServer:
                 await asyncio.wait(pending, timeout=grace_s)
         for conn in list(self.connections):
             if conn.transport is not None:
-                conn.transport.abort()
+                conn.transport.close()  # after what is buffered (a 503) is sent
         if self._server is not None:
             await self._server.wait_closed()
 
