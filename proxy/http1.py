@@ -21,6 +21,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -30,6 +31,18 @@ from .upstream_response import Response
 
 MAX_HEAD = 64 * 1024
 _NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(4)
+
+
+class Leave:
+    """How a caller that stops waiting (cancelled, or its timeout passed) leaves its answer behind, instead of
+    dropping the connection (which a worker takes as its client leaving): the connection reads the answer to its
+    end unseen and goes back to the pool, or is dropped at `until` (a loop time); then on_end() runs. `taken`
+    tells the caller that it happened (on_end is then the connection's to call)."""
+
+    __slots__ = ("until", "on_end", "taken")
+
+    def __init__(self, until: float, on_end: Callable[[], None]):
+        self.until, self.on_end, self.taken = until, on_end, False
 
 
 class _Connection(asyncio.Protocol):
@@ -47,6 +60,7 @@ class _Connection(asyncio.Protocol):
         self._trailer = False
         self._keep_alive = True
         self._paused = False
+        self._left_behind: Leave | None = None  # the answer in progress was left behind by its caller
 
     # ---- the client side ---------------------------------------------------------------------------------
     def send(self, data: bytes) -> asyncio.Future:
@@ -59,6 +73,24 @@ class _Connection(asyncio.Protocol):
         if not self.closed:
             self.closed = True
             self.transport.abort()  # type: ignore[union-attr]
+
+    def leave(self, head: asyncio.Future | None, resp: Response | None, leave: Leave) -> None:
+        """The caller of the answer whose head future is `head` (or whose Response is `resp`) stops waiting."""
+        in_progress = self._head is head if resp is None else (self._resp is resp and not resp.complete)
+        if self.closed or not in_progress:
+            return  # nothing left to read: the answer is complete (and pooled) or the connection is gone
+        leave.taken = True
+        self._left_behind = leave
+        self.loop.call_at(leave.until, self._drop_left, leave)
+
+    def _drop_left(self, leave: Leave) -> None:
+        if self._left_behind is leave:
+            self.abort()
+
+    def _left_done(self) -> None:
+        leave, self._left_behind = self._left_behind, None
+        if leave is not None:
+            leave.on_end()
 
     def pause(self) -> None:
         if not self._paused and not self.closed:
@@ -87,6 +119,7 @@ class _Connection(asyncio.Protocol):
             err.retryable = self.reused and not self._raw  # type: ignore[attr-defined]
             self._head.set_exception(err)
         self._resp = None
+        self._left_done()
 
     def data_received(self, data: bytes) -> None:
         self._raw = self._raw + data if self._raw else data
@@ -212,6 +245,7 @@ class _Connection(asyncio.Protocol):
         else:
             self.abort()
         resp._finish()  # type: ignore[union-attr]
+        self._left_done()
 
 
 class HTTPPool:
@@ -227,8 +261,9 @@ class HTTPPool:
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def request(self, method: str, base: str, path: str, body: bytes | None, headers: dict[str, str] | None,
-                      *, timeout: float) -> Response:
-        """Send the request; return the Response once its status line and headers arrived within `timeout`."""
+                      *, timeout: float, leave: Leave | None = None) -> Response:
+        """Send the request; return the Response once its status line and headers arrived within `timeout`.
+        A caller cancelled or timed out drops the connection, or, with `leave`, leaves the answer behind."""
         loop = self.loop
         if loop is None:  # a pool serves one loop (its connections are that loop's transports)
             loop = self.loop = asyncio.get_running_loop()  # once: on Python 3.11 each call is a getpid
@@ -253,11 +288,19 @@ class HTTPPool:
                 if not getattr(e, "retryable", False):
                     raise  # a reused connection the worker closed before reading: try once on a fresh one
             except BaseException:
-                conn.abort()
+                if leave is None:
+                    conn.abort()
+                else:
+                    conn.leave(fut, None, leave)
                 raise
             finally:
                 timer.cancel()
         raise aiohttp.ServerDisconnectedError()  # pragma: no cover - the loop returns or raises
+
+    def idle_count(self, base: str) -> int:
+        """Idle keep-alive connections to `base` (an answer left behind goes back here once read)."""
+        scheme, host, port, _ = self._key(base)
+        return sum(not c.closed for c in self._idle.get((scheme, host, port), ()))
 
     def close(self) -> None:
         for idle in self._idle.values():

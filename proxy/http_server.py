@@ -254,8 +254,9 @@ class Connection(asyncio.Protocol):
 
     # ---- answering -----------------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
-        if self.transport is not None:
-            self.transport.write(data)
+        transport = self.transport
+        if transport is not None and not transport.is_closing():  # (a closed transport raises on write)
+            transport.write(data)
 
     async def drain(self) -> None:
         """Returns once the client's buffer is below its low-water mark; ConnectionResetError once it is gone."""

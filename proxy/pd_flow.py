@@ -24,13 +24,14 @@ from typing import Any
 
 from .disagg import REMOTE, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
+from .http1 import Leave
 from .http_server import Request
 from .openai_api import OpenAIRequest
 from .relay import relay_json, relay_sse
 from .routing import RequestContext
 from .routing.kv_hit import hit_tokens
 from .state import ProxyState
-from .timers import expire, time_left
+from .timers import time_left
 from .usage import fix_usage, prefill_hit
 from .workers import Worker
 
@@ -129,29 +130,15 @@ class PDFlow:
         if time_left(self.loop, deadline) <= 0:
             raise TimeoutError
         body = req.prefill_body(self.cfg.kv.forward_token_ids)
-        loop = self.loop
-        call = loop.create_task(self._call_prefill(prefiller, req, body, headers))
-        # Waiting on a future of our own, not on the call: leaving (the client went, or the deadline passed)
-        # lets P finish, so that its answer is read and its connection reused; its blocks wait for a decoder
-        # that will not come, until P's lease frees them.
-        waiter = loop.create_future()
-        call.add_done_callback(lambda _: waiter.done() or waiter.set_result(None))
-        timer = loop.call_at(deadline, expire, waiter)
         try:
-            await waiter
-        except (asyncio.CancelledError, TimeoutError):
-            self.m.abandoned_prefills.inc()
-            call.add_done_callback(_consume)
-            raise
-        finally:
-            timer.cancel()
-        try:
-            resp = call.result()
+            resp = await self._call_prefill(prefiller, req, body, headers, deadline)
         except UpstreamStatus as e:
             if e.is_client_error:
                 raise
             return self._fallback(f"prefill_{e.status // 100}xx")
         except UpstreamTimeout:
+            if time_left(self.loop, deadline) <= 0:
+                raise TimeoutError from None  # the total deadline, not P's own timeout
             return self._fallback("prefill_timeout")
         except UpstreamError:
             self._passive_eject(prefiller, "unreachable during prefill")
@@ -165,14 +152,27 @@ class PDFlow:
         return ktp, p_hit, "remote_prefill"
 
     async def _call_prefill(self, prefiller: Worker, req: OpenAIRequest, body: dict[str, Any],
-                            headers: dict[str, str]) -> Any:
+                            headers: dict[str, str], deadline: float) -> Any:
+        """P's answer, awaited in the request's own task. Leaving early (the client went, or the total deadline
+        passed) leaves P's call behind instead of cutting it: P finishes, its answer is read and its connection
+        reused; its blocks wait for a decoder that will not come, until P's lease frees them. P counts as busy
+        until then. P's own timeout (--prefill-timeout) drops the call."""
+        loop, prefill_s = self.loop, self.cfg.timeouts.prefill_s
         t = time.perf_counter()
-        with self.s.pool.busy(prefiller):
-            try:
-                return await self.s.upstream.post_json(prefiller.url, req.path, body, stage="prefill",
-                                                       timeout=self.cfg.timeouts.prefill_s, headers=headers)
-            finally:
-                self.c(self.m.stage_latency, "prefill").observe(time.perf_counter() - t)
+        prefiller.in_flight += 1
+        leave = Leave(loop.time() + prefill_s, lambda: _not_busy(prefiller))
+        try:
+            return await self.s.upstream.post_json(prefiller.url, req.path, body, stage="prefill",
+                                                   timeout=min(prefill_s, max(0.0, time_left(loop, deadline))),
+                                                   headers=headers, leave=leave)
+        except (asyncio.CancelledError, UpstreamTimeout) as e:
+            if leave.taken and (isinstance(e, asyncio.CancelledError) or time_left(loop, deadline) <= 0):
+                self.m.abandoned_prefills.inc()  # (P's own timeout drops the call at once: not abandoned)
+            raise
+        finally:
+            if not leave.taken:
+                prefiller.in_flight -= 1
+            self.c(self.m.stage_latency, "prefill").observe(time.perf_counter() - t)
 
     def _fallback(self, reason: str) -> tuple[None, None, str]:
         log.info("remote prefill skipped: %s; serving decode-only", reason)
@@ -247,9 +247,8 @@ def _kind(err: Exception) -> str:
     return "timeout" if isinstance(err, UpstreamTimeout) else "unavailable"
 
 
-def _consume(fut: asyncio.Future) -> None:
-    if not fut.cancelled():
-        fut.exception()
+def _not_busy(worker: Worker) -> None:
+    worker.in_flight -= 1
 
 
 def _str_or_none(v: Any) -> str | None:

@@ -16,7 +16,7 @@ import msgspec
 
 from .config import Timeouts
 from .errors import UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
-from .http1 import HTTPPool
+from .http1 import HTTPPool, Leave
 from .upstream_response import Response
 
 _decoder = msgspec.json.Decoder()
@@ -49,9 +49,11 @@ class Upstream:
         return self._session
 
     async def post_json(self, base: str, path: str, body: Any, *, timeout: float, stage: str,
-                        headers: dict[str, str] | None = None) -> Any:
-        """POST a JSON body, return the decoded JSON answer; HTTP >= 400 raises UpstreamStatus."""
-        return await self._call("POST", base, path, _encoder.encode(body), _json_headers(headers), timeout, stage)
+                        headers: dict[str, str] | None = None, leave: Leave | None = None) -> Any:
+        """POST a JSON body, return the decoded JSON answer; HTTP >= 400 raises UpstreamStatus. With `leave`, a
+        caller cancelled or timed out leaves the answer behind rather than dropping the connection (http1.Leave)."""
+        return await self._call("POST", base, path, _encoder.encode(body), _json_headers(headers), timeout, stage,
+                                leave)
 
     async def get_json(self, base: str, path: str, *, timeout: float, stage: str,
                        headers: dict[str, str] | None = None) -> Any:
@@ -95,14 +97,19 @@ class Upstream:
             resp.close()  # an unfinished answer's connection is dropped, not pooled
 
     async def _call(self, method: str, base: str, path: str, body: bytes | None, headers: dict[str, str] | None,
-                    timeout: float, stage: str) -> Any:
+                    timeout: float, stage: str, leave: Leave | None = None) -> Any:
         start = time.monotonic()
         try:
-            resp = await self.pool.request(method, base, path, body, headers, timeout=timeout)
+            resp = await self.pool.request(method, base, path, body, headers, timeout=timeout, leave=leave)
             try:
                 raw = await resp.read(max(0.0, start + timeout - time.monotonic()))
+            except BaseException:
+                if leave is not None:
+                    resp.leave(leave)
+                raise
             finally:
-                resp.close()
+                if leave is None or not leave.taken:
+                    resp.close()
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             _raise_mapped(e, base, stage, timeout)
         return self._decode(resp.status, raw, base, stage)

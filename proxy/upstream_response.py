@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from .timers import expire
 
 if TYPE_CHECKING:
-    from .http1 import _Connection
+    from .http1 import Leave, _Connection
 
 
 class Response:
@@ -92,6 +92,10 @@ class Response:
 
     def resume_reading(self) -> None:
         self._conn.resume()
+
+    def leave(self, leave: Leave) -> None:
+        """The reader stops waiting: the connection reads the rest unseen (http1.Leave)."""
+        self._conn.leave(None, self, leave)
 
     def close(self) -> None:
         """Drop the connection unless the answer is complete (then it is back in the pool already): a worker

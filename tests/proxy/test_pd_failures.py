@@ -61,6 +61,9 @@ def test_prefill_timeout_falls_back():
             status, _ = await post(c.url, "/v1/completions", REQ)
             assert status == 200 and "kv_transfer_params" not in c.d.generate_calls[0].body
             assert metric_value(metrics(c), "hybrid_pd_proxy_fallbacks_total", reason="prefill_timeout") == 1
+            await asyncio.wait_for(c.p.client_gone.wait(), 5)  # P's own timeout drops its call
+            assert metric_value(metrics(c), "hybrid_pd_proxy_abandoned_prefills_total") == 0
+            assert c.state.pool.all("prefill")[0].in_flight == 0
     run(body())
 
 
@@ -160,10 +163,30 @@ def test_client_disconnect_during_prefill_lets_prefill_finish():
             await asyncio.wait_for(_until(lambda: metric_value(
                 metrics(c), "hybrid_pd_proxy_abandoned_prefills_total") == 1), 5)
             assert not c.p.client_gone.is_set()  # P's call was not cut
+            prefiller = c.state.pool.all("prefill")[0]
+            assert prefiller.in_flight == 1  # still busy while it runs on, for least-loaded routing
             c.p.release.set()
             await asyncio.wait_for(c.p.finished.wait(), 5)
+            await asyncio.wait_for(_until(lambda: prefiller.in_flight == 0), 5)
             assert not c.p.client_gone.is_set()
             assert c.d.generate_calls == []  # nobody decodes for a gone client
+    run(body())
+
+
+def test_total_timeout_during_prefill_is_504_and_lets_prefill_finish():
+    async def body():
+        async with cluster(total_timeout=0.3) as c:
+            c.p.hang = True
+            status, out = await post(c.url, "/v1/completions", REQ)
+            assert status == 504 and out["error"]["type"] == "timeout"
+            assert metric_value(metrics(c), "hybrid_pd_proxy_abandoned_prefills_total") == 1
+            prefiller = c.state.pool.all("prefill")[0]
+            assert prefiller.in_flight == 1 and not c.p.client_gone.is_set()
+            c.p.release.set()
+            await asyncio.wait_for(c.p.finished.wait(), 5)
+            await asyncio.wait_for(_until(lambda: prefiller.in_flight == 0), 5)
+            assert not c.p.client_gone.is_set() and c.d.generate_calls == []
+            assert c.state.upstream.pool.idle_count(c.p.url) == 1  # P's answer was read: its connection pooled
     run(body())
 
 
