@@ -18,12 +18,12 @@ import subprocess
 import sys
 import time
 
-import aiohttp
 import uvloop
 
 from tests.bench import proxy_bench as pb
 from tests.bench.proxy_bench import DEFAULT_ROUTER_VENV, ROOT
 from hybrid_pd.proxy import http1, relay
+from hybrid_pd.proxy.http_server import Request
 from hybrid_pd.proxy.upstream_response import Response
 from tests.support.procs import free_port
 
@@ -65,10 +65,9 @@ class _NullTransport:
         return False
 
 
-class _Client:  # what the relay reads of aiohttp's request
-    version = aiohttp.HttpVersion11
+class _NullConnection:  # what the relay reads of the client's connection (http_server.Connection)
     transport = _NullTransport()
-    protocol = type("Protocol", (), {"writing_paused": False})()
+    writing_paused = False
 
 
 async def relay_cost_per_event(n: int = 200_000) -> float:
@@ -80,7 +79,8 @@ async def relay_cost_per_event(n: int = 200_000) -> float:
     conn.transport = _NullTransport()  # type: ignore[assignment]
     conn._mode = http1._CHUNKED
     conn._resp = resp = Response(conn, 200, {"content-type": "text/event-stream"})
-    pipe = relay._SSEPipe(_Client(), resp, lambda chunk: None, relay.SSEResult(None))  # type: ignore[arg-type]
+    client = Request(_NullConnection(), "POST", "/v1/completions", "", "1.1", {}, b"", True)  # type: ignore[arg-type]
+    pipe = relay._SSEPipe(client, resp, lambda chunk: None, relay.SSEResult(200))
     resp.stream_to(pipe._on_data, pipe._on_end)
     t = time.process_time()
     for _ in range(n):
