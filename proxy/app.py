@@ -52,8 +52,11 @@ class ProxyApp:
                 raise _http_error(404, f"no such endpoint: {request.path}")
             route = methods.get("GET" if request.method == "HEAD" else request.method)
             if route is None:
-                raise _http_error(405, f"{request.method} is not allowed on {request.path} "
+                metrics.errors.labels("bad_request").inc()
+                err = _http_error(405, f"{request.method} is not allowed on {request.path} "
                                        f"(allowed: {', '.join(methods)})")
+                request.respond(405, error_bytes(err), headers={"Allow": ", ".join(methods)})
+                return
             await route(request)
         except ProxyError as e:
             metrics.errors.labels(error_kind(e)).inc()

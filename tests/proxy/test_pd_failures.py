@@ -277,7 +277,7 @@ def test_malformed_requests_are_400():
                     assert r.status == 404
                     assert_openai_error(await r.json())
                 async with s.get(c.url + "/v1/completions") as r:
-                    assert r.status == 405
+                    assert r.status == 405 and r.headers["Allow"] == "POST"
                     assert_openai_error(await r.json())
             assert c.d.generate_calls == [] and c.p.generate_calls == []
     run(body())
