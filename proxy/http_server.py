@@ -10,9 +10,10 @@ unanswered gets a 500 (or, mid-stream, the connection is closed). A client that 
 the request's handler (that is what aborts the decode leg). Requests on one connection are answered in order
 (pipelining); a request body may come with Content-Length or chunked, after `Expect: 100-continue` too.
 
-Why not aiohttp's server: on this machine it costs 490 us of CPU per request for a bare JSON answer when
-requests arrive 2 ms apart (a cold path: each request after an idle gap), where this design costs 210 us
-(tests/bench/results/proxy.md, run 5); with every other part of the proxy, that was the whole gap to vllm-router.
+Why not aiohttp's server: for a bare JSON answer it spends 405 us of CPU per request where this one spends 235
+(requests 2 ms apart, each meeting a cold path, as at a decoder's pace; 156 vs 92 us back to back): its request
+object, router, middleware chain, response object and writer per request were the largest cost left on the
+proxy's request path (tests/bench/server_bench.py; tests/bench/results/proxy.md, run 5).
 """
 
 from __future__ import annotations
