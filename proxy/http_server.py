@@ -1,6 +1,6 @@
 """The proxy's HTTP/1.1 server: one asyncio.Protocol per client connection, llhttp (httptools) for parsing.
 
-    server = await HTTPServer.start(loop, host, port, handler, limits)   # handler(request) -> Awaitable[None]
+    server = await HTTPServer.start(host, port, handler, limits)   # handler(request) -> Awaitable[None]
     ...
     await server.stop(grace_s)
 
