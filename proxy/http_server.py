@@ -197,6 +197,9 @@ class Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._closing = True  # no protocol switch here: what follows the request is not HTTP/1.1
+            last = self._queue[-1] if self._queue else self.current
+            if last is not None and not last.started:
+                last.keep_alive = False  # its answer says Connection: close
         except httptools.HttpParserError as e:
             rejected = e.__context__ if isinstance(e.__context__, RequestRejected) else None
             self._reject(rejected or RequestRejected(400, f"malformed HTTP request: {e}"))
@@ -220,6 +223,11 @@ class Connection(asyncio.Protocol):
         self._headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
+        if self.parser.should_upgrade() and (self._headers.get("content-length", "0") != "0"
+                                             or "transfer-encoding" in self._headers):
+            # llhttp would hand over the request without its body (what follows an upgrade is not HTTP/1.1)
+            raise RequestRejected(400, "protocol upgrades are not supported: send the request without an "
+                                       "Upgrade header (e.g. curl without --http2 on http://)")
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
             raise RequestRejected(413, f"the request body is over {self.limits.max_body_bytes} bytes")

@@ -179,6 +179,7 @@ def test_malformed_and_oversized_requests_get_an_openai_shaped_4xx_and_a_closed_
                      (b"POST /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", 400),
                      (b"POST /x HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
                      (b"GET /x HTTP/1.1\r\nBad Header: 1\r\n\r\n", 400),
+                     (post("/x", b"{}", b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"), 400),
                      (post("/x", b"y" * 1001), 413),
                      (b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3e9\r\n" + b"y" * 1001, 413),
                      (b"GET /x HTTP/1.1\r\nX-Big: " + b"y" * 3000 + b"\r\n\r\n", 431),
@@ -193,6 +194,11 @@ def test_malformed_and_oversized_requests_get_an_openai_shaped_4xx_and_a_closed_
                 assert await asyncio.wait_for(reader.read(), 5) == b""
                 writer.close()
             assert app.seen == []  # none reached the handler
+            reader, writer = await connect(port)  # an upgrade without a body is served, then the connection closes
+            writer.write(b"GET /u HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+            status, headers, raw = await read_answer(reader)
+            assert status == 200 and json.loads(raw)["path"] == "/u" and headers["connection"] == "close"
+            assert await asyncio.wait_for(reader.read(), 5) == b""
     run(body())
 
 
