@@ -4,6 +4,7 @@
     config.py            the frozen, validated ProxyConfig;  config_sources.py: CLI < env < JSON file
     app.py               routes, the error boundary, serve_in_background(config)
     http_server.py       the HTTP/1.1 server: a protocol per client connection, llhttp (httptools) parsing
+    http_request.py      one parsed request and the way a handler answers it (whole, or streamed)
     pd_flow.py           one request: tokenize -> decoder -> remote prefill or not -> decode, fallbacks
     openai_api.py        request parsing/type checks; the prefill and decode bodies
     relay.py / usage.py  copy D's JSON or SSE to the client; the whole-request cached_tokens rule

@@ -20,7 +20,8 @@ from .background import Background
 from .config import ProxyConfig
 from .errors import (BadRequest, NoHealthyWorker, Overloaded, ProxyError, UpstreamError, UpstreamStatus,
                      UpstreamTimeout, UpstreamUnavailable, error_bytes)
-from .http_server import HTTPServer, Limits, Request
+from .http_request import Request
+from .http_server import HTTPServer, Limits
 from .openai_api import Endpoint, parse_request
 from .pd_flow import PDFlow
 from .state import ProxyState
@@ -52,11 +53,8 @@ class ProxyApp:
                 raise _http_error(404, f"no such endpoint: {request.path}")
             route = methods.get("GET" if request.method == "HEAD" else request.method)
             if route is None:
-                metrics.errors.labels("bad_request").inc()
-                err = _http_error(405, f"{request.method} is not allowed on {request.path} "
-                                       f"(allowed: {', '.join(methods)})")
-                request.respond(405, error_bytes(err), headers={"Allow": ", ".join(methods)})
-                return
+                raise _http_error(405, f"{request.method} is not allowed on {request.path} (allowed: "
+                                       f"{', '.join(methods)})", headers={"Allow": ", ".join(methods)})
             await route(request)
         except ProxyError as e:
             metrics.errors.labels(error_kind(e)).inc()
@@ -108,9 +106,9 @@ class ProxyApp:
         request.respond(200, self.state.metrics.render(), content_type="text/plain; version=0.0.4")
 
 
-def _http_error(status: int, message: str) -> ProxyError:
+def _http_error(status: int, message: str, headers: dict[str, str] | None = None) -> ProxyError:
     err = BadRequest(message)
-    err.status = status
+    err.status, err.headers = status, headers
     return err
 
 
@@ -119,7 +117,7 @@ def _answer_error(request: Request, e: ProxyError) -> None:
         if request.transport is not None:
             request.transport.close()
         return
-    request.respond(e.status, error_bytes(e))
+    request.respond(e.status, error_bytes(e), headers=e.headers)
 
 
 def error_kind(e: ProxyError) -> str:

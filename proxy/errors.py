@@ -25,6 +25,7 @@ class ProxyError(Exception):
     status: int = 500
     type: str = "internal_error"
     code: str | None = None
+    headers: dict[str, str] | None = None  # of the error answer (405's Allow)
 
     def __init__(self, message: str, *, param: str | None = None):
         super().__init__(message)

@@ -25,7 +25,7 @@ from typing import Any
 from .disagg import REMOTE, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .http1 import Leave
-from .http_server import Request
+from .http_request import Request
 from .openai_api import OpenAIRequest
 from .relay import relay_json, relay_sse
 from .routing import RequestContext

@@ -18,7 +18,7 @@ import aiohttp
 import msgspec
 
 from .errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from .http_server import Request
+from .http_request import Request
 from .upstream_response import Response
 
 _decoder = msgspec.json.Decoder()

@@ -23,7 +23,7 @@ import uvloop
 from tests.bench import proxy_bench as pb
 from tests.bench.proxy_bench import DEFAULT_ROUTER_VENV, ROOT
 from hybrid_pd.proxy import http1, relay
-from hybrid_pd.proxy.http_server import Request
+from hybrid_pd.proxy.http_request import Request
 from hybrid_pd.proxy.upstream_response import Response
 from tests.support.procs import free_port
 

@@ -49,7 +49,8 @@ async def serve_aiohttp(port: int) -> None:
 
 
 async def serve_ours(port: int) -> None:
-    from hybrid_pd.proxy.http_server import HTTPServer, Request
+    from hybrid_pd.proxy.http_request import Request
+    from hybrid_pd.proxy.http_server import HTTPServer
 
     async def answer(request: Request) -> None:
         request.respond(200, BODY)

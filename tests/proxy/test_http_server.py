@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
-from hybrid_pd.proxy.http_server import HTTPServer, Limits, Request
+from hybrid_pd.proxy.http_request import Request
+from hybrid_pd.proxy.http_server import HTTPServer, Limits
 from tests.proxy.fakes import run
 
 
