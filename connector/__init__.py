@@ -1,4 +1,4 @@
-"""hybrid-pd KV connector for vLLM (see DESIGN.md). Importing this package must stay light: no vLLM.
+"""hybrid-pd KV connector for vLLM (see ARCHITECTURE.md). Importing this package must stay light: no vLLM.
 
 vLLM loads `HybridPDConnector` from here (`kv_connector_module_path: hybrid_pd.connector`); the class lives in
 `vllm_glue`, imported on first attribute access so the pure modules (plan, messages, transport) and their

@@ -52,6 +52,7 @@ class SchedulerSide:
         self._meta = StepMeta()
         self._pinned: dict[str, list[int]] = {}  # request id -> checkpoint blocks we hold
         self._landing: dict[str, tuple[Any, list[Checkpoint]]] = {}  # D: checkpoints to register on success
+        self._loading: dict[str, tuple[Any, int]] = {}  # D: request id -> (request, its local hit) while it loads
 
     @property
     def ship_checkpoints(self) -> bool:
@@ -76,6 +77,7 @@ class SchedulerSide:
         params = request.kv_transfer_params
         if not params:
             return False, None
+        self._loading.pop(request.request_id, None)
         if params.get("do_remote_prefill"):  # D: finished (aborted?) before it ever read
             self._reject(request, "finished before the KV was read")
             return False, None
@@ -152,6 +154,7 @@ class SchedulerSide:
         self._release([c for c in landing if c not in plan.checkpoints])
         if plan.checkpoints:
             self._landing[request.request_id] = (request, list(plan.checkpoints))
+        self._loading[request.request_id] = (request, hit)
         self._meta.loads.append(LoadJob(request.request_id, remote, plan))
 
     def _release(self, checkpoints: Sequence[Checkpoint]) -> None:
@@ -175,6 +178,17 @@ class SchedulerSide:
             request.kv_transfer_params["do_remote_prefill"] = False
             self._meta.loads.append(LoadJob(request.request_id, remote, None, reason))
 
+    def rewind_failed_loads(self, request_ids: set[str]) -> None:
+        """D on vLLM < 0.32, whose only way to report a failed load is as finished: set each request back to
+        its own local hit (the blocks before it are D's, cached and valid; the Mamba state at that boundary
+        is a cached block the load never wrote), so vLLM computes the rest instead of decoding from blocks
+        that never loaded."""
+        for req_id in request_ids:
+            request, hit = self._loading.get(req_id, (None, 0))
+            if request is not None:
+                log.warning("request %s: KV load failed; computing it from its local hit (%d tokens)", req_id, hit)
+                request.num_computed_tokens = hit
+
     # ---- both -------------------------------------------------------------------------------------------
     def build_meta(self) -> StepMeta:
         meta, self._meta = self._meta, StepMeta()
@@ -187,6 +201,7 @@ class SchedulerSide:
             if blocks:
                 self.store.release(blocks)
         for req_id in finished_recving:
+            self._loading.pop(req_id, None)
             request, checkpoints = self._landing.pop(req_id, (None, []))
             for cp in checkpoints:
                 if req_id not in failed_recving:

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, SupportsHMA,
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorWorkerMetadata, SupportsHMA,
 )
 from vllm.v1.core.kv_cache_utils import resolve_block_hashes
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
@@ -29,6 +29,19 @@ log = logging.getLogger("vllm.hybrid_pd.connector")
 class HybridPDMetadata(KVConnectorMetadata):
     def __init__(self, step: StepMeta):
         self.step = step
+
+
+class FailedLoads(KVConnectorWorkerMetadata):
+    """Worker -> scheduler, vLLM < 0.32: loads that failed although `get_finished` reports them finished
+    (those releases have no per-request failure channel, and their block-level one, invalid_block_ids,
+    assumes a single KV-cache group: a hybrid model's engine would die on it)."""
+
+    def __init__(self, request_ids: set[str]):
+        self.request_ids = set(request_ids)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> "FailedLoads":
+        self.request_ids |= getattr(other, "request_ids", set())
+        return self
 
 
 def group_specs(kv_cache_config) -> list[GroupSpec]:
@@ -107,6 +120,10 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         self.read_timeout_s = float(extra.get("read_timeout_s", os.environ.get("HYBRID_PD_READ_TIMEOUT_S", 30)))
         lease_s = float(extra.get("lease_s", os.environ.get("HYBRID_PD_LEASE_S", 120)))
         ship = str(extra.get("ship_checkpoints", os.environ.get("HYBRID_PD_SHIP_CHECKPOINTS", "1"))).lower()
+        # vLLM < 0.32 has no per-request failure channel; HYBRID_PD_TRANSFER_RESULTS=legacy takes that path
+        # on newer releases too (tests)
+        self.legacy_results = os.environ.get("HYBRID_PD_TRANSFER_RESULTS") == "legacy"
+        self._failed_loads: set[str] = set()
         self.sched: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         self._server = None
@@ -114,6 +131,12 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             self.sched = SchedulerSide(engine_id=self.engine_id, host=self.host, port=self.port,
                                        groups=self.groups, lease_s=lease_s,
                                        ship_checkpoints=ship not in ("0", "false", "no"))
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config) -> bool:
+        # vLLM >= 0.33 asks (older releases do not): sleep mode remaps the KV cache under the memory NIXL has
+        # registered, and we do not re-register it on wake-up yet
+        return False
 
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:
@@ -143,9 +166,14 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         return HybridPDMetadata(self.sched.build_meta())
 
     def update_connector_output(self, connector_output) -> None:
+        # vLLM calls this before it acts on finished_recving, so a failed load can still be rewound
+        failed = set(getattr(connector_output, "failed_recving", None) or ())
+        legacy = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(legacy, FailedLoads) and legacy.request_ids:
+            self.sched.rewind_failed_loads(legacy.request_ids)
+            failed |= legacy.request_ids
         self.sched.on_transfer_results(set(connector_output.finished_sending or ()),
-                                       set(connector_output.finished_recving or ()),
-                                       set(getattr(connector_output, "failed_recving", None) or ()))
+                                       set(connector_output.finished_recving or ()), failed)
 
     def request_finished(self, request, block_ids):
         return self.request_finished_all_groups(request, (block_ids,))
@@ -169,6 +197,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             tp_rank = 0
         group_of = {name: i for i, g in enumerate(self._kv_cache_config.kv_cache_groups) for name in g.layer_names}
         regions, ranges, mem_type = [], {}, "DRAM"
+        by_group: dict[int, list[Any]] = {}
         for layer in sorted(kv_caches):
             if layer not in group_of:
                 continue
@@ -180,6 +209,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 name = layer if len(tensors) == 1 else f"{layer}#{k}"
                 regions.append(Region(name, group_of[layer], t.data_ptr(), t.stride(0) * t.element_size(),
                                       t[0].numel() * t.element_size(), t.shape[0]))
+                by_group.setdefault(group_of[layer], []).append(t)
                 storage = t.untyped_storage()
                 ranges[storage.data_ptr()] = storage.nbytes()
                 mem_type = "DRAM" if t.device.type == "cpu" else "VRAM"
@@ -187,7 +217,12 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         transport.register(sorted(ranges.items()))
         local = Handshake(PROTOCOL_VERSION, self.engine_id, tp_rank, transport.name, transport.metadata(),
                           [g.kind for g in self.groups], [g.block_size for g in self.groups], regions, mem_type)
-        self.worker = WorkerSide(transport, local, read_timeout_s=self.read_timeout_s)
+        def clear_blocks(runs) -> None:
+            for run in runs:
+                for t in by_group.get(run.group, ()):
+                    t[run.local_start:run.local_start + run.count].zero_()
+
+        self.worker = WorkerSide(transport, local, read_timeout_s=self.read_timeout_s, clear_blocks=clear_blocks)
         self._server = SideChannelServer(self.host, self.port + tp_rank, encode(local))
         log.info("hybrid-pd worker %s: %d regions in %d ranges, side channel %s", transport.name,
                  len(regions), len(ranges), self._server.address)
@@ -211,18 +246,27 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         # vLLM >= 0.32 (failed loads reported per request); older releases call get_finished
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
+        if self.legacy_results:  # the test bed's way to run the pre-0.32 path
+            return super().get_transfer_results(finished_req_ids)
         if self.worker is None:
             return KVConnectorTransferResults()
         r = self.worker.poll()
         return KVConnectorTransferResults(r.finished_sending, r.finished_recving, r.failed_recving)
 
     def get_finished(self, finished_req_ids: set[str]):
+        """vLLM < 0.32: a failed load is reported finished here and named in `build_connector_worker_meta`,
+        so that the scheduler side rewinds the request to its local hit before vLLM resumes it."""
         if self.worker is None:
             return None, None
-        r = self.worker.poll()  # no failed_recving channel before 0.32: a failed load finishes as loaded
-        if r.failed_recving:
-            log.error("KV loads failed for %s and this vLLM cannot report it per request", r.failed_recving)
+        r = self.worker.poll()
+        self._failed_loads |= r.failed_recving
         return r.finished_sending or None, r.finished_recving or None
+
+    def build_connector_worker_meta(self):
+        if not self._failed_loads:
+            return None
+        meta, self._failed_loads = FailedLoads(self._failed_loads), set()
+        return meta
 
     def get_kv_connector_stats(self):
         if self.worker is None or not self.worker.stats:

@@ -13,13 +13,13 @@ import concurrent.futures as cf
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hybrid_pd.connector.errors import ConnectorError, TransportError
 from hybrid_pd.connector.messages import (
     Done, Handshake, Rejected, RemotePrefill, decode_handshake, decode_notification, encode,
 )
-from hybrid_pd.connector.plan import TransferPlan
+from hybrid_pd.connector.plan import Run, TransferPlan
 from hybrid_pd.connector.side_channel import fetch_handshake
 from hybrid_pd.connector.transport import Transport, descriptors
 
@@ -78,8 +78,11 @@ class _Active:
 class WorkerSide:
     def __init__(self, transport: Transport, local: Handshake, *, read_timeout_s: float = 30.0,
                  handshake_timeout_s: float = 5.0, fetch: Callable[[str, int, float], bytes] = fetch_handshake,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 clear_blocks: Callable[[Sequence[Run]], None] | None = None):
         self.transport, self.local = transport, local
+        self._clear_blocks = clear_blocks  # zeroes local blocks (vLLM zeroes fresh blocks; a failed READ may
+        # have landed in part, and the blocks of a load vLLM zeroes never)
         self.read_timeout_s, self.handshake_timeout_s = read_timeout_s, handshake_timeout_s
         self._fetch, self._clock = fetch, clock
         self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="hybrid-pd-handshake")
@@ -168,6 +171,8 @@ class WorkerSide:
                     job.remote.remote_engine_id, err)
         if act.handle is not None:
             self.transport.release(act.handle)
+        if job.plan is not None and self._clear_blocks is not None:
+            self._clear_blocks(job.plan.runs)
         peer = self._peers.get((job.remote.remote_engine_id, job.remote.remote_host, job.remote.remote_port))
         if peer is not None and peer.future.done() and peer.future.exception() is None:
             try:  # let P free the blocks now rather than at lease expiry

@@ -47,6 +47,9 @@ setup_env() {
   local site; site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo 'import os; os.environ.get("NIXL_PTHR_DELAY_US") and __import__("hybrid_pd.connector.nixl_delay", fromlist=["install"]).install()' \
     > "$site/hybrid_pd_nixl_delay.pth"
+  # vLLM's NixlConnector moves a CPU worker's forward thread off its --cpu-bind cores (prefill/affinity_guard.py)
+  echo 'import os; os.environ.get("HYBRID_PD_KEEP_AFFINITY") and __import__("hybrid_pd.prefill.affinity_guard", fromlist=["install"]).install()' \
+    > "$site/hybrid_pd_affinity_guard.pth"
 }
 
 cmd=${1:-demo}; shift || true

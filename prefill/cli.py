@@ -10,6 +10,7 @@ import argparse
 import importlib.metadata
 import sys
 
+from hybrid_pd.prefill.aligned_block import AlignedBlockWatch
 from hybrid_pd.prefill.errors import ConfigError, WorkerError
 from hybrid_pd.prefill.supervisor import ChildProcess, run_until_signalled
 from hybrid_pd.prefill.worker_config import WorkerConfig
@@ -108,7 +109,9 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
         config = config_from_args(args, role)
         for w in config.warnings:
             print(f"[hybrid-pd] warning: {w}", file=sys.stderr)
-        child = ChildProcess(f"{role} worker", config.argv(), config.url, env=config.env(), log=sys.stdout)
+        watch = AlignedBlockWatch(config.max_model_len, config.checkpoint_every)
+        child = ChildProcess(f"{role} worker", config.argv(), config.url, env=config.env(), log=sys.stdout,
+                             on_line=watch.feed)
         print(f"[hybrid-pd] starting {role} worker: connector {config.connector}, kv events "
               f"{config.kv_events_endpoint}, NIXL side channel {config.host}:{config.side_channel_port}",
               flush=True)

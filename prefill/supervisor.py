@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import IO
 
 from hybrid_pd.prefill.errors import WorkerStartError
@@ -24,9 +25,11 @@ class ChildProcess:
     """One server process, its process group, and its log tail."""
 
     def __init__(self, name: str, argv: list[str], url: str, env: dict[str, str] | None = None,
-                 log: IO[str] | None = None, keep_lines: int = 60):
+                 log: IO[str] | None = None, keep_lines: int = 60,
+                 on_line: Callable[[str], list[str]] | None = None):
         self.name, self.argv, self.url, self.env = name, argv, url, env
         self._log = log
+        self._on_line = on_line  # sees every line; what it returns is written to the log after it
         self.tail: collections.deque[str] = collections.deque(maxlen=keep_lines)
         self.proc: subprocess.Popen | None = None
         self._pump: threading.Thread | None = None
@@ -49,9 +52,10 @@ class ChildProcess:
         assert self.proc and self.proc.stdout
         for line in self.proc.stdout:
             self.tail.append(line.rstrip("\n"))
+            notes = self._on_line(line) if self._on_line else []
             if self._log is not None:
                 try:
-                    self._log.write(line)
+                    self._log.write(line + "".join(f"[hybrid-pd] {note}\n" for note in notes))
                     self._log.flush()
                 except ValueError:  # log closed under us at shutdown
                     pass

@@ -1,12 +1,23 @@
-"""A tiny hybrid model built locally: the demo's and the tests' default model.
+"""Tiny hybrid models built locally: the demo's and the tests' models.
 
-Qwen3-Next layout (vLLM's `Qwen3NextForCausalLM`): Gated DeltaNet linear-attention layers interleaved with
-full-attention layers, a small MoE MLP in every layer (vLLM's implementation needs at least one MoE layer),
-random weights drawn from a seed, and an offline byte-level BPE tokenizer with a ChatML chat template.
-Nothing is downloaded. The build is deterministic: the same (seed, spec) gives the same bytes, and the folder
-is cached on disk under a name derived from both, so every process finds the same model.
+One per hybrid family (`tiny_families.py`; the default is Qwen3-Next: Gated DeltaNet linear-attention layers
+interleaved with full-attention layers and a small MoE), with an offline byte-level BPE tokenizer and a ChatML
+chat template. Nothing is downloaded.
 
-    python -m hybrid_pd.prefill.tiny_model [--seed N] [--out DIR]   # prints the model folder
+Decided outputs: a random model's next-token distribution is nearly flat (its two best tokens are within
+0.01 nats on ~10% of greedy steps), so two engines that round differently pick different tokens and an
+output comparison stops at the first such near-tie. Each model is therefore trained briefly (`train_steps`,
+about a minute on one CPU core) on an offline corpus whose next word is a fixed function of the previous two
+(a table drawn from the seed, with 15% random words so that any word sequence is in distribution). Greedy
+continuations then win by ~4 nats, far above bf16 rounding, and they still depend on the KV cache and the
+recurrent state of the prompt: the two previous words of the first generated token live there. Another seed
+gives another table and other weights (the negative control of the output tests).
+
+The build is deterministic on a given machine (fixed seeds and thread count): the same spec gives the same
+bytes, and the folder is cached on disk under a name derived from the spec, so every process finds the same
+model.
+
+    python -m hybrid_pd.prefill.tiny_model [--family F] [--seed N] [--out DIR]   # prints the model folder
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ import os
 from pathlib import Path
 
 CACHE_ROOT = Path(os.environ.get("HYBRID_PD_CACHE", Path.home() / ".cache" / "hybrid-pd"))
-BUILD_VERSION = 1  # bump when the builder's output changes for the same spec
+BUILD_VERSION = 3  # bump when the builder's output changes for the same spec
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -37,17 +48,20 @@ WORDS = (
 
 @dataclasses.dataclass(frozen=True)
 class TinyModelSpec:
+    family: str = "qwen3_next"  # a key of tiny_families.FAMILIES
     seed: int = 0
     layers: int = 4
-    full_attention_interval: int = 2  # every Nth layer is full attention, the others GDN
+    full_attention_interval: int = 2  # every Nth layer is full attention, the others recurrent
     hidden_size: int = 256
     vocab_size: int = 512
     dtype: str = "bfloat16"
     init_std: float = 0.02
+    train_steps: int = 300  # 0: random weights (flat next-token distributions)
 
     def folder_name(self) -> str:
         key = json.dumps(dataclasses.asdict(self) | {"v": BUILD_VERSION}, sort_keys=True)
-        return f"tiny-qwen3next-s{self.seed}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+        name = self.family.replace("_", "")
+        return f"tiny-{name}-s{self.seed}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
 def _corpus() -> list[str]:
@@ -86,46 +100,64 @@ def _build_tokenizer(spec: TinyModelSpec, out: Path) -> int:
     return tok.get_vocab_size()
 
 
+class Corpus:
+    """Word sequences whose next word is `table[previous two]` (85%) or a random word (15%), drawn from `seed`."""
+
+    NOISE = 0.15
+
+    def __init__(self, seed: int):
+        import random
+
+        self.words = sorted(set(WORDS))
+        self.rng = random.Random(f"corpus-{seed}")
+        n = len(self.words)
+        self.table = [[self.rng.randrange(n) for _ in range(n)] for _ in range(n)]
+
+    def document(self, n_words: int) -> str:
+        n, rng = len(self.words), self.rng
+        out = [rng.randrange(n), rng.randrange(n)]
+        while len(out) < n_words:
+            out.append(rng.randrange(n) if rng.random() < self.NOISE else self.table[out[-2]][out[-1]])
+        return " " + " ".join(self.words[i] for i in out)
+
+
+def _train(model, tokenizer_dir: Path, spec: TinyModelSpec, batch: int = 8, seq: int = 128) -> None:
+    """A brief next-token training on `Corpus(seed)`: sharp, context-dependent greedy outputs."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    corpus = Corpus(spec.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    device = next(model.parameters()).device
+    model.train()
+    for _ in range(spec.train_steps):
+        rows = [tok(corpus.document(seq), add_special_tokens=False)["input_ids"][:seq] for _ in range(batch)]
+        width = min(map(len, rows))
+        ids = torch.tensor([r[:width] for r in rows], device=device)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    model.eval()
+
+
 def _build_weights(spec: TinyModelSpec, vocab: int, out: Path) -> None:
     import torch
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    layer_types = [
-        "full_attention" if (i + 1) % spec.full_attention_interval == 0 else "linear_attention"
-        for i in range(spec.layers)
-    ]
-    cfg = Qwen3NextConfig(
-        vocab_size=vocab,
-        hidden_size=spec.hidden_size,
-        intermediate_size=2 * spec.hidden_size,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        linear_conv_kernel_dim=4,
-        linear_key_head_dim=64,
-        linear_value_head_dim=64,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        layer_types=layer_types,
-        max_position_embeddings=4096,
-        initializer_range=spec.init_std,
-        tie_word_embeddings=False,
-        eos_token_id=0,
-        pad_token_id=0,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=128,
-        shared_expert_intermediate_size=128,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        norm_topk_prob=True,
-    )
-    cfg.architectures = ["Qwen3NextForCausalLM"]
+    from hybrid_pd.prefill.tiny_families import FAMILIES
+
+    cfg = FAMILIES[spec.family](spec, vocab)
+    threads = torch.get_num_threads()
     torch.manual_seed(spec.seed)
-    model = Qwen3NextForCausalLM(cfg).to(getattr(torch, spec.dtype))
-    model.save_pretrained(out)
+    torch.set_num_threads(1)  # the same bytes on every run of this machine, whatever else runs beside it
+    try:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        if spec.train_steps:  # on a GPU machine (the GPU checks build their models there): seconds, not a minute
+            _train(model.to("cuda" if torch.cuda.is_available() else "cpu"), out, spec)
+    finally:
+        torch.set_num_threads(threads)
+    model.to("cpu", getattr(torch, spec.dtype)).save_pretrained(out)
 
 
 def build_tiny_model(spec: TinyModelSpec = TinyModelSpec(), out: Path | None = None) -> Path:
@@ -149,10 +181,11 @@ def build_tiny_model(spec: TinyModelSpec = TinyModelSpec(), out: Path | None = N
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", default="qwen3_next", help="hybrid family (tiny_families.FAMILIES)")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (another seed = another model)")
     ap.add_argument("--out", type=Path, default=None, help="folder to write (default: the cache)")
     args = ap.parse_args(argv)
-    print(build_tiny_model(TinyModelSpec(seed=args.seed), args.out))
+    print(build_tiny_model(TinyModelSpec(family=args.family, seed=args.seed), args.out))
 
 
 if __name__ == "__main__":

@@ -159,6 +159,8 @@ class WorkerConfig:
                     owner[port] = flag
         if self.check_ports_free and not problems:
             for port, flag in owner.items():
+                if flag == "--kv-events-port" and self.host not in WILDCARDS:
+                    continue  # vLLM's publisher connects to a concrete address: the subscriber (proxy) binds it
                 if not port_is_free(self.host, port):
                     problems.append(f"{flag} {port} is already in use on {self.host}: pick a free port")
         return problems
@@ -234,6 +236,7 @@ class WorkerConfig:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
             if self.cpu_bind is not None:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind
+                env["HYBRID_PD_KEEP_AFFINITY"] = "1"  # prefill/affinity_guard.py: vLLM's NixlConnector moves threads
         return {k: v for k, v in env.items() if v != ""}
 
 

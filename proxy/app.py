@@ -22,7 +22,7 @@ from .errors import (BadRequest, NoHealthyWorker, Overloaded, ProxyError, Upstre
                      UpstreamTimeout, UpstreamUnavailable, error_bytes)
 from .http_request import Request
 from .http_server import HTTPServer, Limits
-from .openai_api import Endpoint, parse_request
+from .openai_api import Endpoint, check_content_type, parse_request
 from .pd_flow import PDFlow
 from .state import ProxyState
 
@@ -76,6 +76,7 @@ class ProxyApp:
         state, flow = self.state, self.flow
 
         async def generate(request: Request) -> None:
+            check_content_type(request.headers.get("content-type"))
             req = parse_request(endpoint, request.body)
             try:
                 async with state.admission.slot():

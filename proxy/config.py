@@ -69,6 +69,7 @@ class DisaggConfig:
     min_prompt_tokens: int = 0  # shorter prompts are prefilled on D (needs tokenization to apply)
     min_prompt_chars: int = 0  # shorter prompts (characters of text) are prefilled on D
     decoder_hit_ratio: float = 0.8  # D already holds >= this share of the prompt (KV index): prefill on D
+    min_uncached_blocks: float = 1.0  # D lacks fewer aligned blocks than this: prefill on D (0: off)
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,8 @@ class ProxyConfig:
             out.append("--kv-hash-block-size must be >= 0 (0 learns it from the KV events)")
         if not 0.0 < self.disagg.decoder_hit_ratio <= 1.0:
             out.append(f"--decoder-hit-ratio {self.disagg.decoder_hit_ratio} must be in (0, 1]")
+        if self.disagg.min_uncached_blocks < 0:
+            out.append(f"--min-uncached-blocks {self.disagg.min_uncached_blocks} must be >= 0")
         if self.disagg.min_prompt_tokens < 0 or self.disagg.min_prompt_chars < 0:
             out.append("--min-prompt-tokens / --min-prompt-chars must be >= 0")
         for name in ("connect_s", "prefill_s", "decode_first_byte_s", "total_s", "tokenize_s", "health_s"):
@@ -213,7 +216,8 @@ class ProxyConfig:
             disagg=DisaggConfig(enabled=bool(get("disagg", True)),
                                 min_prompt_tokens=int(get("min_prompt_tokens", 0)),
                                 min_prompt_chars=int(get("min_prompt_chars", 0)),
-                                decoder_hit_ratio=float(get("decoder_hit_ratio", 0.8))),
+                                decoder_hit_ratio=float(get("decoder_hit_ratio", 0.8)),
+                                min_uncached_blocks=float(get("min_uncached_blocks", 1.0))),
             timeouts=Timeouts(**{k: float(get(f"{k.removesuffix('_s')}_timeout", v))
                                  for k, v in vars(Timeouts()).items()}),
             admission=AdmissionConfig(max_in_flight=int(get("max_in_flight", 256)),

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--disagg", action=argparse.BooleanOptionalAction, help="remote prefill at all (default on)")
     d.add_argument("--min-prompt-tokens", type=int, help="prefill shorter prompts on the decoder")
     d.add_argument("--min-prompt-chars", type=int, help="prefill shorter prompts (characters) on the decoder")
+    d.add_argument("--min-uncached-blocks", type=float,
+                   help="prefill on the decoder when what it lacks (past its attention + checkpoint hit) is under "
+                        "this many aligned blocks (1; 0: off; needs KV events)")
     d.add_argument("--decoder-hit-ratio", type=float,
                    help="prefill on the decoder when it already holds this share of the prompt (0.8)")
     t = p.add_argument_group("timeouts (seconds)")

@@ -41,8 +41,11 @@ class Result:
         return None if self.reference_text is None else self.text == self.reference_text
 
 
-def stream(url: str, path: str, body: dict, timeout: float = 300) -> tuple[str, dict, float, list[float]]:
-    """POST a streaming request; return (text, usage, ttft, token arrival times)."""
+def stream(url: str, path: str, body: dict, timeout: float = 300,
+           margins: list[tuple[str, float | None]] | None = None) -> tuple[str, dict, float, list[float]]:
+    """POST a streaming request; return (text, usage, ttft, token arrival times). With `margins` (and a body
+    asking for `logprobs`), each generated token and how far its log-probability leads the runner-up's are
+    appended to it (a near-tie lets two correct engines part ways)."""
     body = dict(body, stream=True, stream_options={"include_usage": True})
     req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -60,6 +63,11 @@ def stream(url: str, path: str, body: dict, timeout: float = 300) -> tuple[str, 
                 if piece:
                     arrivals.append(time.monotonic() - start)
                     text.append(piece)
+                if margins is not None:
+                    lp = choice.get("logprobs") or {}
+                    for tok, top in zip(lp.get("tokens") or [], lp.get("top_logprobs") or []):
+                        best = sorted((top or {}).values(), reverse=True)
+                        margins.append((tok, round(best[0] - best[1], 4) if len(best) > 1 else None))
     return "".join(text), usage, (arrivals[0] if arrivals else float("nan")), arrivals
 
 

@@ -90,6 +90,13 @@ def hash_block_size(specs: dict[int, GroupSpec], configured: int = 0) -> int:
     return math.gcd(*sizes) if sizes else 0
 
 
+def aligned_block(specs: dict[int, GroupSpec]) -> int:
+    """Tokens per aligned block (the lcm of the groups' block sizes; 0 while no event told them): the unit of
+    every hybrid hit, and the least a remote prefill should move."""
+    sizes = [g.block_size for g in specs.values() if g.kind in ATTENTION_KINDS or g.kind == MAMBA_KIND]
+    return math.lcm(*sizes) if sizes else 0
+
+
 def usable_hit_tokens(worker: WorkerKVIndex, specs: dict[int, GroupSpec], num_tokens: int,
                       hashes_for: Callable[[int], list[bytes]], configured_hash_block_size: int = 0) -> int:
     """Longest prefix (tokens) of a `num_tokens` prompt that `worker` can serve from its cache with both
@@ -112,7 +119,7 @@ def usable_hit_tokens(worker: WorkerKVIndex, specs: dict[int, GroupSpec], num_to
         limit = min(limit, blocks * g.block_size)
     if not mamba:
         return max(limit, 0)
-    step = math.lcm(*(g.block_size for g in specs.values() if g.kind in ATTENTION_KINDS or g.kind == MAMBA_KIND))
+    step = aligned_block(specs)
     n = (max(limit, 0) // step) * step
     while n > 0:
         if all(keys[n // h - 1] in worker.hashes.get(gid, empty) for gid in mamba):

@@ -92,11 +92,19 @@ class OpenAIRequest:
         return body
 
 
+def check_content_type(content_type: str | None) -> None:
+    """As vLLM's server does: a body that does not say it is JSON is refused, whatever it holds."""
+    if (content_type or "").split(";", 1)[0].strip().lower() != "application/json":
+        raise BadRequest("Unsupported Media Type: Only 'application/json' is allowed")
+
+
 def parse_request(endpoint: Endpoint, raw: bytes) -> OpenAIRequest:
     try:
         body = _json_decoder.decode(raw)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:  # msgspec reports bad UTF-8 in a string this way
         raise BadRequest(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     _check_type(body, "model", str)

@@ -1,4 +1,4 @@
-"""One client request through the PD flow (DESIGN.md, Data flow):
+"""One client request through the PD flow (ARCHITECTURE.md, "Data flow of one request"):
 
     1. tokenize (only when a policy or threshold needs token ids)
     2. pick the decoder D (decode-first: the decoder's cache decides where the turn lives)
@@ -8,8 +8,8 @@
          5xx, timeout, unreachable, or no kv_transfer_params -> decode-only fallback; 4xx -> to the client
     5. D: the original body + P's kv_transfer_params; its answer (JSON or SSE) is relayed, cached_tokens fixed
 
-A client that leaves during step 4 does not cancel P's call (shielded): P answers, and its blocks are freed
-by its own lease because no decoder will read them. A client that leaves during step 5 closes D's
+A client that leaves during step 4 leaves P's call to finish alone: P's answer is read off its connection
+(or dropped at P's own timeout), and P's blocks are freed by its lease because no decoder will read them. A client that leaves during step 5 closes D's
 connection, which aborts the request on D.
 """
 
@@ -26,6 +26,7 @@ from .disagg import REMOTE, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .http1 import Leave
 from .http_request import Request
+from .kv_index import aligned_block
 from .openai_api import OpenAIRequest
 from .relay import relay_json, relay_sse
 from .routing import RequestContext
@@ -71,7 +72,8 @@ class PDFlow:
         decision = decide(self.cfg.disagg, eligible=req.single_prompt,
                           has_prefillers=bool(self.s.pool.all("prefill")), prompt_chars=req.prompt_chars,
                           prompt_tokens=len(ctx.token_ids) if ctx.token_ids else None,
-                          decoder_hit=self._decoder_hit(ctx, decoder))
+                          decoder_hit=self._decoder_hit(ctx, decoder),
+                          aligned_block=aligned_block(self.s.kv_index.specs))
         self.c(self.m.disagg, decision).inc()
         ktp, p_hit, mode = None, None, "local_prefill"
         if decision == REMOTE:

@@ -131,7 +131,7 @@ def pd_pass(p: str, d: str, conv: dict) -> list[dict]:
                "failed": int(m["failed_transfers"]), "transfer_s": m["transfer_seconds"],
                "d_ttft_s": ttft, "e2e_s": e2e, "d_request_s": time.monotonic() - t1,
                "equal_to_colocated": text == conv["texts"][k], "text": text, "colocated_text": conv["texts"][k],
-               "cached_next_turn_on_d": cached(complete(d, conv["branches"][k], 1)),
+               "cached_next_turn_on_d": cached(complete(d, conv["branches"][k], ANSWER_TOKENS, logprobs=2)),
                "colocated_cached_next_turn": conv["cached_next"][k]}
         row["gbps"] = row["bytes"] / row["transfer_s"] / 1e9 if row["transfer_s"] > 0 else None
         row["memcpy_gbps"] = memcpy_gbps(row["bytes"]) if row["bytes"] else None

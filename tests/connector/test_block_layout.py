@@ -1,10 +1,8 @@
 """Which KV-cache tensors the connector can move block by block as one byte range each."""
 
-import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from hybrid_pd.connector.vllm_glue import block_is_dense  # noqa: E402
+from hybrid_pd.connector.vllm_glue import block_is_dense
 
 
 def test_dense_blocks_in_any_inner_order_are_accepted():

@@ -16,14 +16,17 @@ import time
 import psutil
 import pytest
 
-from tests.support.conversation import (assert_same_greedy, cached, colocated_pass, complete, greedy_reference,
-                                        text_of, tokenize)
-from tests.support.procs import free_port, metric_sum, scrape_metrics, worker_argv
+from tests.support.conversation import (ANSWER_TOKENS, assert_same_greedy, cached, colocated_pass, complete,
+                                        decided_tokens, greedy_reference, text_of, tokenize)
+from tests.support.engines import Engines, d_metrics, delta, pd_complete
+from tests.support.procs import free_port
 from tests.support.tiny_layout import BS, MAMBA_LAYERS, STATE, minimal_bytes
 
 pytestmark = pytest.mark.engines
 
 PD_PROMPTS = {n: f"{n}" for n in (20, 300, 700)}
+HIT_PROMPT = text_of(600, 91_600)
+HIT_PREFIX = " ".join(HIT_PROMPT.split()[:400])
 
 
 def conversation(url: str, answer, turns: int, salt: int) -> list[tuple[list[int], dict]]:
@@ -37,37 +40,17 @@ def conversation(url: str, answer, turns: int, salt: int) -> list[tuple[list[int
     return out
 
 
-class Engines:
-    """Named engines, at most two running; `up()` stops the others and starts what is missing."""
-
-    def __init__(self, launch, tiny_model, other_model):
-        self.launch, self.running = launch, {}
-        self.specs = {
-            "ref": ("decode", "none", "1", tiny_model, {}),
-            "p": ("prefill", "hybrid", "0", tiny_model, {"HYBRID_PD_LEASE_S": "10"}),
-            "p_other": ("prefill", "hybrid", "0", other_model, {"HYBRID_PD_LEASE_S": "10"}),
-            "d": ("decode", "hybrid", "1", tiny_model, {"HYBRID_PD_READ_TIMEOUT_S": "10"}),
-        }
-
-    def up(self, *names):
-        for name in [n for n in self.running if n not in names]:
-            self.running.pop(name).stop()
-        started = []
-        for name in names:
-            if name not in self.running:
-                role, connector, cpu, model, env = self.specs[name]
-                port = free_port()
-                argv = worker_argv(role, connector=connector, port=port, cpu_bind=cpu, model=model)
-                self.running[name] = self.launch(name, argv, f"http://127.0.0.1:{port}", env)
-                started.append(name)
-        for name in started:
-            self.running[name].wait_healthy(300)
-        return {n: self.running[n].url for n in names}
-
-
 @pytest.fixture(scope="module")
 def engines(launch, tiny_model, tiny_model_other_weights):
-    return Engines(launch, tiny_model, tiny_model_other_weights)
+    return Engines(launch, {
+        "ref": ("decode", "none", "1", tiny_model, {}),
+        "p": ("prefill", "hybrid", "0", tiny_model, {"HYBRID_PD_LEASE_S": "10"}),
+        "p_other": ("prefill", "hybrid", "0", tiny_model_other_weights, {"HYBRID_PD_LEASE_S": "10"}),
+        "d": ("decode", "hybrid", "1", tiny_model, {"HYBRID_PD_READ_TIMEOUT_S": "10"}),
+        # vLLM < 0.32's way of reporting loads (no per-request failure channel), forced on this release
+        "d_legacy": ("decode", "hybrid", "1", tiny_model, {"HYBRID_PD_READ_TIMEOUT_S": "10",
+                                                            "HYBRID_PD_TRANSFER_RESULTS": "legacy"}),
+    })
 
 
 @pytest.fixture(scope="module")
@@ -81,27 +64,20 @@ def reference(engines):
     colocated = conversation(ref, lambda ids: complete(ref, ids, 8, return_token_ids=True), 5, salt=11)
     out["conversation"] = [(ids, r["choices"][0]["text"]) for ids, r in colocated]
     out["branching"] = colocated_pass(ref, turns=6, salt=2)
+    ids = tokenize(ref, text_of(300, 31_300))
+    first = complete(ref, ids, 8, return_token_ids=True)["choices"][0]["token_ids"]
+    nxt = ids + first + tokenize(ref, " " + text_of(200, 32_300))
+    answer = complete(ref, nxt, ANSWER_TOKENS, logprobs=2)
+    out["failed_load"] = {n: complete(ref, text_of(n, 90_000 + n))["choices"][0]["text"] for n in (350, 700)}
+    complete(ref, HIT_PREFIX)
+    out["failed_load_hit"] = complete(ref, HIT_PROMPT)["choices"][0]["text"]
+    out["shipped"] = {"ids": ids, "first": first, "next": nxt, "next_cached": cached(answer),
+                      "next_answer": decided_tokens(answer)}
     return out
 
 
-def pd_complete(p_url: str, d_url: str, prompt: str | list[int], max_tokens: int = 12,
-                **extra) -> tuple[dict, dict]:
-    p_resp = complete(p_url, prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
-    params = p_resp.get("kv_transfer_params")
-    assert params and params["remote_block_ids"], p_resp
-    return p_resp, complete(d_url, prompt, max_tokens, kv_transfer_params=params, **extra)
-
-
-def d_metrics(url: str) -> dict[str, float]:
-    m = scrape_metrics(url)
-    return {k: metric_sum(m, f"vllm:{k}") for k in (
-        "hybrid_pd_bytes_transferred_sum", "hybrid_pd_bytes_transferred_count", "hybrid_pd_descriptors_sum",
-        "hybrid_pd_checkpoints_shipped_total", "hybrid_pd_failed_transfers_total", "prefix_cache_hits_total",
-        "kv_cache_usage_perc")}
-
-
-def delta(before: dict, after: dict) -> dict:
-    return {k: after[k] - before[k] for k in before}
+def test_the_launcher_names_the_aligned_block_vllm_picked(engines, reference):
+    assert f"[hybrid-pd] aligned block: {BS} tokens" in engines.logs["ref"].read_text()
 
 
 def test_prefiller_with_other_weights_changes_the_output(engines, reference):
@@ -179,50 +155,63 @@ def test_every_pd_turn_moves_the_minimal_bytes(engines, reference):
 
 
 def test_next_turn_straight_to_decoder_hits_the_shipped_checkpoint(engines, reference):
-    """Turn k through PD, turn k+1 straight to D: D's hit reaches P's last block boundary (upstream: 0).
+    """Turn k through PD, turn k+1 straight to D: D's hit reaches P's last block boundary (upstream: 0), as one
+    engine's does, and D's answer from that shipped checkpoint is one engine's answer.
 
     A prompt neither engine has seen (300 words: P keeps its state at 256 tokens). For longer fresh
     prompts vLLM 0.32's align mode on P kept no boundary state in our runs, so there is nothing to ship;
-    `test_conversation_next_turn_straight_to_decoder` prints what happens along a conversation.
+    `test_next_turn_straight_to_decoder_hits_and_answers_as_one_engine` follows a conversation.
     """
     urls = engines.up("p", "d")
-    ids = tokenize(urls["d"], text_of(300, 31_300))
+    ids, first, nxt, bar = (reference["shipped"][k] for k in ("ids", "first", "next", "next_cached"))
     before = d_metrics(urls["d"])
     p_resp, d_resp = pd_complete(urls["p"], urls["d"], ids, max_tokens=8, return_token_ids=True)
+    assert d_resp["choices"][0]["token_ids"] == first
     n = p_resp["kv_transfer_params"]["remote_num_tokens"]
     boundary = n // BS * BS
     assert n % BS and [c["tokens"] for c in p_resp["kv_transfer_params"]["checkpoints"]] == [boundary]
     assert delta(before, d_metrics(urls["d"]))["hybrid_pd_checkpoints_shipped_total"] == 1
-    nxt = ids + d_resp["choices"][0]["token_ids"] + tokenize(urls["d"], " " + text_of(200, 32_300))
-    got = cached(complete(urls["d"], nxt, max_tokens=1))
-    print(f"\n{n} tokens on P: checkpoint at {boundary}; next turn straight to D: {got} cached tokens")
-    assert got >= boundary == 256
+    resp = complete(urls["d"], nxt, ANSWER_TOKENS, logprobs=2)
+    compared = assert_same_greedy(reference["shipped"]["next_answer"], resp)
+    print(f"\n{n} tokens on P: checkpoint at {boundary}; next turn straight to D: {cached(resp)} cached tokens "
+          f"(one engine: {bar}), {compared} of {ANSWER_TOKENS} decided tokens equal")
+    assert cached(resp) == bar == boundary == 256
 
 
-def test_next_turn_straight_to_decoder_hits_as_deep_as_one_engine(engines, reference):
+def test_next_turn_straight_to_decoder_hits_and_answers_as_one_engine(engines, reference):
     """Turn k through PD, then a branch of turn k+1 straight to D, for k = 1..6 of a conversation neither
-    engine has seen: D's hit must reach what one colocated engine reports for the same sequence of requests.
-    (Upstream's NixlConnector: 0, 256, 512, 512, 768, 1024 where the engine reports 256, 256, 512, 512, 1024,
-    1280; tests/bench/results/connector/summary.md.)"""
+    engine has seen: D reports exactly the cached tokens one colocated engine reports for the same sequence of
+    requests, and answers the branch with that engine's greedy tokens. The first turn's hit comes from the
+    checkpoint P shipped (D never computed that boundary itself), so its answer proves the checkpoint's bytes
+    and the hash it was registered under. (Upstream's NixlConnector hits 0, 256, 512, 512, 768, 1024 where the
+    engine reports 256, 256, 512, 512, 1024, 1280; tests/bench/results/connector/summary.md.)"""
     urls = engines.up("p", "d")
     conv = reference["branching"]
-    got = []
-    for prompt, branch in zip(conv["prompts"], conv["branches"]):
-        pd_complete(urls["p"], urls["d"], prompt, max_tokens=8)
-        got.append(cached(complete(urls["d"], branch, max_tokens=1)))
-    print(f"\nnext turn straight to D, k = 1..{len(got)}: ours {got}, one engine {conv['cached_next']}")
-    assert all(ours >= bar for ours, bar in zip(got, conv["cached_next"])), (got, conv["cached_next"])
-    assert got[0] > 0  # the first turn's checkpoint came from P: D never computed that boundary itself
+    got, compared = [], []
+    for prompt, branch, answer in zip(conv["prompts"], conv["branches"], conv["branch_answers"]):
+        pd_complete(urls["p"], urls["d"], prompt, max_tokens=ANSWER_TOKENS)
+        resp = complete(urls["d"], branch, ANSWER_TOKENS, logprobs=2)
+        got.append(cached(resp))
+        compared.append(assert_same_greedy(answer, resp))
+    print(f"\nnext turn straight to D, k = 1..{len(got)}: ours {got}, one engine {conv['cached_next']}; "
+          f"decided tokens compared {compared} of {ANSWER_TOKENS} each")
+    assert got == conv["cached_next"]
+    assert got[0] > 0
 
 
 def post_and_hang_up(url: str, body: dict) -> None:
-    """Send a request and close the connection at once: vLLM aborts it (before or after D read its KV)."""
+    """Stream a request and hang up at its first token: D has read its KV and is decoding; vLLM aborts it
+    (no timing guess: a blind early hang-up could land before vLLM even saw the request)."""
     host, port = url.removeprefix("http://").split(":")
-    data = json.dumps(body).encode()
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
+    data = json.dumps({**body, "stream": True}).encode()
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
         sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-        time.sleep(0.05)
+        seen = b""
+        while b"data:" not in seen:
+            chunk = sock.recv(4096)
+            assert chunk, "D closed the stream before its first token"
+            seen += chunk
 
 
 def test_no_prefiller_block_outlives_its_decode_aborted_or_not(engines):
@@ -263,3 +252,24 @@ def test_prefiller_frees_every_block_once_decoder_is_done(engines):
     while d_metrics(urls["p"])["kv_cache_usage_perc"] > 0:
         assert time.monotonic() < deadline, "lease did not expire"
         time.sleep(1)
+
+
+@pytest.mark.parametrize("decoder", ["d", "d_legacy"])
+def test_a_failed_load_is_computed_on_the_decoder_never_decoded_from_unloaded_blocks(engines, reference, decoder):
+    """P's params point D at a side channel where nobody answers: the READ never happens. D must compute the
+    prompt itself (from its own hit where it has one) and answer exactly as one engine, on vLLM >= 0.32's
+    per-request failure channel and on the older path (failure rewound by the scheduler side)."""
+    urls = engines.up("p", decoder)
+
+    def failed_pd(prompt: str) -> str:
+        p_resp = complete(urls["p"], prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+        params = {**p_resp["kv_transfer_params"], "remote_port": free_port()}
+        before = d_metrics(urls[decoder])
+        d_resp = complete(urls[decoder], prompt, kv_transfer_params=params)
+        assert delta(before, d_metrics(urls[decoder]))["hybrid_pd_failed_transfers_total"] == 1
+        return d_resp["choices"][0]["text"]
+
+    for n in (350, 700):  # nothing cached on D
+        assert failed_pd(text_of(n, 90_000 + n)) == reference["failed_load"][n]
+    complete(urls[decoder], HIT_PREFIX)  # D caches a prefix (256 tokens): the failed load has a local hit
+    assert failed_pd(HIT_PROMPT) == reference["failed_load_hit"]

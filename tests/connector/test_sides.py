@@ -88,6 +88,24 @@ def test_decoder_matches_plans_and_registers_the_checkpoint_on_success():
     assert store.registered == [(0, 101, 8)] and store.released == [101]
 
 
+def test_decoder_rewinds_a_failed_load_to_its_local_hit_and_registers_no_checkpoint():
+    """vLLM < 0.32 reports a failed load as finished: the request must resume from D's own hit (4 tokens),
+    not from the 10 tokens vLLM set when it planned the load."""
+    store = FakeStore()
+    d = SchedulerSide(engine_id="D", host="h", port=8, groups=GROUPS, checkpoints=store)
+    req, other = request(11, remote_params()), request(11, remote_params(), "r2")
+    d.update_state_after_alloc(req, ([9, 0, 12], [20, 21, 22]), num_external_tokens=6)
+    d.update_state_after_alloc(other, ([9, 0, 13], [20, 21, 23]), num_external_tokens=6)
+    req.num_computed_tokens = other.num_computed_tokens = 10
+    d.rewind_failed_loads({"r1", "unknown"})
+    d.on_transfer_results(set(), {"r1", "r2"}, {"r1"})
+    assert req.num_computed_tokens == 4 and other.num_computed_tokens == 10
+    assert store.registered == [(0, 102, 8)]  # r2's checkpoint only
+    req.num_computed_tokens = 7
+    d.rewind_failed_loads({"r1"})  # finished: forgotten
+    assert req.num_computed_tokens == 7
+
+
 def test_decoder_tells_the_prefiller_to_free_when_it_reads_nothing_or_never_schedules():
     d = SchedulerSide(engine_id="D", host="h", port=8, groups=GROUPS)
     full_hit = request(11, remote_params())
@@ -184,13 +202,15 @@ def test_reads_to_a_known_peer_are_posted_when_the_step_starts():
 
 
 def test_failed_read_is_reported_failed_and_the_peer_is_re_handshaken():
-    clock, src, dst, p, pt, d, dt = pair()
+    cleared = []
+    clock, src, dst, p, pt, d, dt = pair(clear_blocks=cleared.extend)
     dt.fail_reads = True
     d.start(StepMeta(loads=[load_job()]))
     res = drive(d)
     assert res.finished_recving == {"r1"} == res.failed_recving and d.stats[-1].failed
     assert decode_notification(pt.notifications()[0]) == Rejected("p-r1", reason="READ from %s failed" % pt.name)
     assert d._peers == {}  # forgotten: the next request handshakes again
+    assert cleared == [Run(1, 2, 5, 2), Run(0, 7, 3)]  # the blocks it may have half-written are zeroed
 
 
 def test_stalled_read_fails_at_its_deadline():

@@ -7,6 +7,7 @@ differs), D (consumer, core 1). The PD flow is the toy proxy's, done here by han
 our proxy or our connector.
 """
 
+import os
 import time
 
 import psutil
@@ -106,6 +107,17 @@ def test_idle_workers_do_not_spin_a_core(engines):
     time.sleep(5)
     cores = (cpu_seconds() - start) / (time.monotonic() - t0)
     assert cores < 0.4, f"two idle PD workers use {cores:.2f} cores"
+
+
+def test_the_upstream_prefillers_forward_thread_stays_on_its_core(engines):
+    """vLLM's NixlConnector moves a CPU worker's main (forward) thread onto the last core of the NUMA node: the
+    decoder's core here, where P's forward waited behind D's spinning worker (0.13-0.78 s prefill legs instead of
+    43-80 ms). The launcher's affinity guard keeps it on its --cpu-bind core (prefill/affinity_guard.py)."""
+    workers = [c for c in engines["p"].descendants() if "Worker" in " ".join([c.name(), *c.cmdline()])]
+    assert workers
+    for w in workers:
+        assert os.sched_getaffinity(w.pid) == {0}, f"P's forward thread runs on {os.sched_getaffinity(w.pid)}"
+    assert "ignored a move to [1]" in engines["p"].log_path.read_text()
 
 
 def test_launchers_stop_vllm_and_its_engine_core_on_sigterm(engines):

@@ -57,7 +57,8 @@ def test_prefill_command_carries_every_validated_setting(hybrid_model):
     assert env == {"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "VLLM_HOST_IP": "127.0.0.1",
                    "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
                    "NIXL_PTHR_DELAY_US": "1000", "UCX_RCACHE_MAX_UNRELEASED": "1024",
-                   "UCX_NET_DEVICES": "lo", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0"}
+                   "UCX_NET_DEVICES": "lo", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0",
+                   "HYBRID_PD_KEEP_AFFINITY": "1"}
     assert cfg.warnings == ()
 
 
@@ -105,6 +106,24 @@ def test_port_already_bound_is_refused(hybrid_model):
         busy = s.getsockname()[1]
         msg = problems_of(hybrid_model, port=busy, check_ports_free=True)
     assert f"--port {busy} is already in use" in msg
+
+
+def test_a_kv_events_port_bound_by_the_proxy_lets_a_restarted_worker_start(hybrid_model):
+    """On a concrete address vLLM's publisher connects and the proxy's subscriber binds: the port is busy for
+    as long as the proxy lives, which must not stop a crashed worker from rejoining with its own command. On a
+    wildcard address the worker binds the port itself, so a busy one is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        make(hybrid_model, kv_events_port=busy, check_ports_free=True)
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        msg = problems_of(hybrid_model, host="0.0.0.0", advertise_host="10.0.0.1", kv_events_port=busy,
+                          check_ports_free=True)
+    assert f"--kv-events-port {busy} is already in use" in msg
 
 
 def test_owned_vllm_flags_after_dashdash_are_refused(hybrid_model):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import cbor2
 import pytest
+import vllm.utils.hashing as hashing  # a moved module fails loudly, never skips
+import vllm.v1.core.kv_cache_utils as kv_cache_utils
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybrid_pd.proxy.block_hash import as_int_hash, cbor_canonical, chained_block_hashes
 
-kv_cache_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
-hashing = pytest.importorskip("vllm.utils.hashing")
 ALGOS = {"sha256": hashing.sha256, "sha256_cbor": hashing.sha256_cbor}
 
 

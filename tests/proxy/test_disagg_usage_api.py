@@ -24,6 +24,14 @@ ARGS = dict(eligible=True, has_prefillers=True, prompt_chars=1000, prompt_tokens
     (DisaggConfig(min_prompt_chars=2000), {"prompt_tokens": None}, "local_short"),
     (DisaggConfig(decoder_hit_ratio=0.75), {"decoder_hit": 300}, "local_decoder_hit"),
     (DisaggConfig(decoder_hit_ratio=0.75), {"decoder_hit": 299}, "remote"),
+    # what D lacks past its own hit, against the aligned block (256): under one block stays on D
+    (DisaggConfig(), {"prompt_tokens": 255, "aligned_block": 256}, "local_small_uncached"),
+    (DisaggConfig(), {"prompt_tokens": 256, "aligned_block": 256}, "remote"),
+    (DisaggConfig(), {"decoder_hit": 256, "prompt_tokens": 500, "aligned_block": 256}, "local_small_uncached"),
+    (DisaggConfig(), {"decoder_hit": 256, "prompt_tokens": 512, "aligned_block": 256}, "remote"),
+    (DisaggConfig(min_uncached_blocks=0), {"prompt_tokens": 10, "aligned_block": 256}, "remote"),
+    (DisaggConfig(), {"prompt_tokens": 10, "aligned_block": 0}, "remote"),  # no events yet: no block known
+    (DisaggConfig(), {"prompt_tokens": None, "aligned_block": 256}, "remote"),
 ])
 def test_decide(cfg, changes, expected):
     assert decide(cfg, **{**ARGS, **changes}) == expected

@@ -89,6 +89,66 @@ def test_request_like_bodies_and_headers(proxy_addr, path, body, session, ctype,
     check(status, raw)
 
 
+def invalid_utf8_strings():
+    """JSON whose string holds bytes that are not UTF-8 (vLLM: 400)."""
+    bad = st.binary(min_size=1, max_size=4).filter(lambda b: not _is_utf8(b))
+    return st.tuples(st.text(max_size=10), bad).map(
+        lambda t: b'{"model": "tiny", "prompt": "' + t[0].encode().replace(b'"', b"") + t[1].replace(b'"', b"")
+        + b'", "max_tokens": 2}')
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode()
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+@FUZZ
+@given(path=PATHS, body=invalid_utf8_strings())
+def test_invalid_utf8_inside_a_string_is_a_400(proxy_addr, path, body):
+    status, raw = send(proxy_addr, "POST", path, body, {"Content-Type": "application/json"})
+    check(status, raw)
+    assert status == 400, raw
+
+
+def nested(depth: int, opener: bytes) -> bytes:
+    closer = b"]" if opener == b"[" else b"}"
+    return b'{"model": "tiny", "prompt": "x", "extra": ' + opener * depth + b"1" + closer * depth + b"}"
+
+
+@FUZZ
+@given(path=PATHS, depth=st.integers(200, 5000), opener=st.sampled_from([b"[", b'{"a":']))
+def test_deep_nesting_is_never_a_5xx(proxy_addr, path, depth, opener):
+    """msgspec stops near the interpreter's recursion limit (where exactly depends on the stack it runs on)."""
+    check(*send(proxy_addr, "POST", path, nested(depth, opener), {"Content-Type": "application/json"}))
+
+
+@pytest.mark.parametrize("opener", [b"[", b'{"a":'])
+def test_too_deep_nesting_is_a_400(proxy_addr, opener):
+    status, raw = send(proxy_addr, "POST", "/v1/completions", nested(100_000, opener),
+                       {"Content-Type": "application/json"})
+    check(status, raw)
+    assert status == 400 and b"nested too deeply" in raw
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", "application/jsonx"])
+def test_a_body_that_does_not_say_it_is_json_is_refused_as_vllm_does(proxy_addr, content_type):
+    headers = {"Content-Type": content_type} if content_type else {}
+    status, raw = send(proxy_addr, "POST", "/v1/completions", b'{"prompt": "ok"}', headers)
+    check(status, raw)
+    assert status == 400 and b"Only 'application/json' is allowed" in raw
+
+
+def test_json_content_type_with_parameters_is_served(proxy_addr):
+    status, raw = send(proxy_addr, "POST", "/v1/completions", b'{"prompt": "ok"}',
+                       {"Content-Type": "Application/JSON; charset=utf-8"})
+    assert status == 200, raw
+
+
 def test_still_serving_after_the_fuzz(proxy_addr):
-    status, raw = send(proxy_addr, "POST", "/v1/completions", b'{"prompt": "ok"}', {})
+    status, raw = send(proxy_addr, "POST", "/v1/completions", b'{"prompt": "ok"}',
+                       {"Content-Type": "application/json"})
     assert status == 200 and json.loads(raw)["choices"][0]["text"] == "Hello"

@@ -7,6 +7,7 @@ import os
 
 import msgspec
 import pytest
+import vllm.distributed.kv_events as vk  # a moved module fails loudly, never skips
 import zmq.asyncio
 
 from hybrid_pd.proxy.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventDecodeError,
@@ -17,7 +18,6 @@ from hybrid_pd.proxy.metrics import ProxyMetrics
 from hybrid_pd.proxy.workers import Worker
 from tests.proxy.fakes import run
 
-vk = pytest.importorskip("vllm.distributed.kv_events")
 
 
 def vllm_batch(seq_hash: bytes = b"\x01" * 32):

@@ -91,12 +91,24 @@ def metric_sum(metrics: dict[str, float], name: str) -> float:
 
 def worker_argv(role: str, *, connector: str, port: int, cpu_bind: str, model: str | None = None,
                 extra: list[str] = ()) -> list[str]:
-    argv = [HYBRID_PD, role, "--connector", connector, "--port", str(port), "--cpu-bind", cpu_bind,
+    """A launcher command for tests. HYBRID_PD_TEST_DEVICE=gpu runs the same tests on a GPU machine
+    (deploy/gpu/bench_gpu.sh families): engines share the GPU, and HYBRID_PD_TEST_VLLM_ARGS (a JSON list) adds
+    vLLM flags there."""
+    argv = [HYBRID_PD, role, "--connector", connector, "--port", str(port),
             "--side-channel-port", str(free_port()), "--kv-events-port", str(free_port()),
-            "--kv-cache-gib", "1", "--max-model-len", "2048", "--max-num-batched-tokens", "2048",
             "--max-num-seqs", "4", "--served-model-name", "tiny"]
+    extra = list(extra)  # launcher flags, then optionally "--" and vLLM flags
+    cut = extra.index("--") if "--" in extra else len(extra)
+    launcher_args, vllm_args = extra[:cut], extra[cut + 1:]
+    if os.environ.get("HYBRID_PD_TEST_DEVICE") == "gpu":
+        argv += ["--device", "gpu", "--gpu-memory-utilization", os.environ.get("HYBRID_PD_TEST_GPU_UTIL", "0.2"),
+                 "--max-model-len", "8192", "--max-num-batched-tokens", "8192"]
+        vllm_args = ["--enforce-eager", *json.loads(os.environ.get("HYBRID_PD_TEST_VLLM_ARGS", "[]")), *vllm_args]
+    else:
+        argv += ["--cpu-bind", cpu_bind, "--kv-cache-gib", "1", "--max-model-len", "2048",
+                 "--max-num-batched-tokens", "2048"]
     if model:
         argv += ["--model", model]
-    return argv + list(extra)
+    return argv + launcher_args + (["--", *vllm_args] if vllm_args else [])
 
 

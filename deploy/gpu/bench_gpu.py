@@ -1,0 +1,334 @@
+"""One set-up of the GPU benchmark on one GPU, in one call: start its engines, probe, run the workloads.
+
+    python3 deploy/gpu/bench_gpu.py --setup colocated|upstream|hybrid-pd-1p1d --model DIR --out DIR
+
+Set-ups (tests/bench/setups.py, here with GPU engines that share one GPU, each with the same memory share):
+- colocated: one engine, no connector.
+- upstream: vLLM's NixlConnector on a prefiller and a decoder, driven by the flow of vLLM's toy proxy (P with
+  max_tokens=1 and do_remote_decode, then D with P's kv_transfer_params), as vLLM's NixlConnector usage guide
+  runs it (docs.vllm.ai/en/stable/features/nixl_connector_usage): connector NixlConnector, one side-channel port
+  per worker (VLLM_NIXL_SIDE_CHANNEL_PORT), UCX as NIXL's backend. The guide's UCX_NET_DEVICES=all only widens
+  the network devices (our launchers keep UCX on loopback for 127.0.0.1), and both connectors run under the same
+  launcher environment. With P and D on one GPU without NVLink, UCX serves a READ over tcp/lo unless
+  UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on is exported (results/2026-11-23-h100-qwen3next/header.md, finding 1).
+  `--upstream-flow proxy` puts our proxy in front instead (same engines).
+- hybrid-pd-1p1d: our connector on both workers, our proxy in front.
+
+Engines that share a GPU start one after the other (each profiles its memory alone). What one call does:
+1. start the engines (the first start compiles the Triton kernels; later ones find them in the disk cache);
+2. phase probe: a 3-turn conversation twice (cold, then warm: other tokens, similar lengths), each request alone,
+   with every engine's and the proxy's /metrics read before and after it;
+3. workloads (tests/bench/workloads.py) at each prompt length and concurrency, until --deadline-s;
+4. after the engines stop: a device-to-device copy of each transfer's byte count on the same GPU.
+Writes OUT/part-SETUP.json (every request, the probe's metric deltas, start times) and OUT/SETUP-logs.tar.gz.
+deploy/gpu/merge.py turns the parts into results.json and summary.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import json
+import math
+import os
+import queue
+import re
+import statistics
+import sys
+import tarfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.bench.workloads import Request, Tokens, agentic, insert_middle, oracle_hits, shared_system  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_client import T0, log, metric_deltas, scrape  # noqa: E402
+from bench_setups import Engines, Setup  # noqa: E402
+
+LOGPROBS = 2  # top-2 log-probabilities per generated token: greedy equality up to near-ties (merge.py)
+BLOCK_RE = re.compile(r"[Ss]etting attention block size to (\d+) tokens")
+MAMBA_BLOCK_RE = re.compile(r"mamba_block_size[=: ]+(\d+)")
+
+
+# ---- workloads ----------------------------------------------------------------------------------------------
+
+def sessions_of(requests: list[Request]) -> list[list[Request]]:
+    by: dict[str, list[Request]] = {}
+    for r in requests:
+        by.setdefault(r.session, []).append(r)
+    return list(by.values())
+
+
+WORKLOADS = ("agentic", "shared_system", "insert_middle")
+
+
+def workload(kind: str, tokens: Tokens, length: int, conc: int, seed: int) -> list[Request]:
+    """Requests whose prompts average about `length` tokens (workloads.py sizes them in units of its `block`)."""
+    if kind == "agentic":  # prompts grow from ~1.95 to ~4.95 units over 5 turns: mean ~3.45 units
+        return agentic(tokens, max(64, int(length / 3.45)), sessions=max(2, conc), turns=5, seed=seed)
+    if kind == "shared_system":  # 2.5 units of system prompt + 0.5 of question
+        return shared_system(tokens, max(64, length // 3), users=max(4, conc), seed=seed)
+    if kind == "insert_middle":  # a 3-unit document, edited 3 times
+        return insert_middle(tokens, max(64, length // 3), edits=3, seed=seed)
+    raise SystemExit(f"unknown workload {kind!r}")
+
+
+def run_requests(setup: Setup, requests: list[Request], conc: int, max_tokens: int, tag: dict) -> dict:
+    """Sessions in parallel (at most `conc` at once), each session's turns in order."""
+    todo: queue.Queue = queue.Queue()
+    for s in sessions_of(requests):
+        todo.put(s)
+    rows, lock, errors = [], threading.Lock(), []
+    before = setup.counters()
+
+    def one_session():
+        while True:
+            try:
+                sess = todo.get_nowait()
+            except queue.Empty:
+                return
+            for req in sess:
+                body = {"model": "m", "prompt": list(req.token_ids), "max_tokens": max_tokens, "temperature": 0,
+                        "ignore_eos": True} | ({"logprobs": LOGPROBS} if LOGPROBS else {})
+                sent = time.monotonic()
+                c0 = setup.counters() if conc == 1 else None
+                try:
+                    seen = setup.send(body)
+                except Exception as e:
+                    errors.append(f"{req.session}/{req.turn}: {e!r}")
+                    continue
+                c1 = setup.counters() if conc == 1 else None
+                arr = seen["arrivals"]
+                gaps = [b - a for a, b in zip(arr, arr[1:])]
+                row = dict(tag, session=req.session, turn=req.turn, prompt_tokens=len(req.token_ids),
+                           hit_tokens=seen["hit_tokens"], reported_cached=seen.get("reported_cached", seen["hit_tokens"]),
+                           ttft_s=arr[0] if arr else None, e2e_s=seen["e2e_s"], p_s=seen["p_s"],
+                           itl_s=statistics.median(gaps) if gaps else None, sent_s=sent - T0,
+                           completion_tokens=(seen["usage"] or {}).get("completion_tokens", 0), text=seen["text"],
+                           tokens=seen.get("tokens"), margins=seen.get("margins"))
+                if c0 is not None and c1:
+                    row |= {k: c1[k] - c0[k] for k in c1}
+                with lock:
+                    rows.append(row)
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=one_session) for _ in range(conc)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - start
+    after = setup.counters()
+    return {"rows": rows, "wall_s": wall, "errors": errors,
+            "transfer": {k: after[k] - before.get(k, 0.0) for k in after},
+            "throughput_tok_s": sum(r["completion_tokens"] for r in rows) / wall if wall else 0.0}
+
+
+def probe(setup: Setup, tokens: Tokens, length: int, max_tokens: int, block: int) -> list[dict]:
+    """Two 3-turn conversations (cold, then warm: same lengths, other tokens), each request alone, with every
+    server's /metrics before and after it. Turn 1 is new; turns 2-3 extend the previous prompt."""
+    out = []
+    for phase, seed in (("cold", 101), ("warm", 202)):
+        reqs = agentic(tokens, max(64, int(length / 3.45)), sessions=1, turns=3, seed=seed)
+        oracle = oracle_hits(reqs, block) if block else [None] * len(reqs)
+        for req, best in zip(reqs, oracle):
+            before = {k: scrape(u) for k, u in setup.metric_urls.items()}
+            body = {"model": "m", "prompt": list(req.token_ids), "max_tokens": max_tokens, "temperature": 0,
+                    "ignore_eos": True}
+            seen = setup.send(body)
+            time.sleep(0.3)  # let the engines' metric loggers publish this request
+            after = {k: scrape(u) for k, u in setup.metric_urls.items()}
+            arr = seen["arrivals"]
+            out.append({"phase": phase, "turn": req.turn, "prompt_tokens": len(req.token_ids), "oracle_hit": best,
+                        "hit_tokens": seen["hit_tokens"], "ttft_s": arr[0] if arr else None, "p_s": seen["p_s"],
+                        "e2e_s": seen["e2e_s"], "text": seen["text"], "deltas": metric_deltas(before, after)})
+            log(f"probe {phase} turn {req.turn}: {len(req.token_ids)} tokens, hit {seen['hit_tokens']}, "
+                f"TTFT {out[-1]['ttft_s'] * 1e3:.1f} ms")
+    return out
+
+
+# ---- device copy --------------------------------------------------------------------------------------------
+
+def device_copy(byte_counts: list[tuple[int, int]]) -> list[dict]:
+    """Median time of a device-to-device copy of each (bytes, descriptors): one contiguous copy, and the same
+    bytes in `descriptors` equal pieces through one batched copy (torch._foreach_copy_)."""
+    import torch
+
+    out = []
+    for nbytes, ndesc in sorted(set(byte_counts)):
+        if nbytes <= 0:
+            continue
+        src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        pieces = max(1, ndesc)
+        cut = nbytes // pieces
+        srcs = [src[i * cut:(i + 1) * cut] for i in range(pieces)]
+        dsts = [dst[i * cut:(i + 1) * cut] for i in range(pieces)]
+
+        def timed(fn, reps=20):
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(reps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) / 1e3)
+            return statistics.median(times)
+
+        one = timed(lambda: dst.copy_(src))
+        many = timed(lambda: torch._foreach_copy_(dsts, srcs))
+        assert torch.equal(dst, src)
+        out.append({"bytes": nbytes, "descriptors": ndesc, "contiguous_s": one, "pieces_s": many,
+                    "contiguous_gb_s": nbytes / one / 1e9, "pieces_gb_s": nbytes / many / 1e9})
+        del src, dst, srcs, dsts
+    return out
+
+
+# ---- main ---------------------------------------------------------------------------------------------------
+
+def engine_block(logs: Path) -> int:
+    for path in sorted(logs.glob("*.log")):
+        m = BLOCK_RE.search(path.read_text(errors="replace"))
+        if m:
+            return int(m.group(1))
+    return 0
+
+
+def pack_logs(logs: Path, out: Path) -> None:
+    """Each log's interesting lines and its tail, in one small tar.gz."""
+    keep = re.compile(r"block size|hybrid_pd|Nixl|NIXL|ERROR|Error|Traceback|WARNING|took|seconds|graph|compile|"
+                      r"KV cache|Available|memory|healthy|skipped|decode-only|fallback", re.I)
+    with tarfile.open(out, "w:gz") as tar:
+        for path in sorted(logs.glob("*.log")):
+            lines = path.read_text(errors="replace").splitlines()
+            picked = [ln for ln in lines[:-200] if keep.search(ln)][-600:] + ["---- tail ----"] + lines[-200:]
+            data = ("\n".join(picked) + "\n").encode()[-1_500_000:]
+            info = tarfile.TarInfo(path.name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--setup", required=True, choices=["colocated", "upstream", "hybrid-pd-1p1d"])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tag", default="", help="suffix of the part's name (e.g. -v2)")
+    ap.add_argument("--util", type=float, default=0.28, help="--gpu-memory-utilization of every engine")
+    ap.add_argument("--lengths", default="2048,8192")
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--workloads", default="agentic,shared_system,insert_middle")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-model-len", type=int, default=40960)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--checkpoint-every", type=int, default=0)
+    ap.add_argument("--graphs", choices=["decode", "full", "none"], default="decode")
+    ap.add_argument("--upstream-flow", choices=["toy", "proxy"], default="toy")
+    ap.add_argument("--probe-length", type=int, default=8192)
+    ap.add_argument("--warmup-lengths", default="",
+                    help="untimed agentic conversations at these lengths after the probe, before the workloads")
+    ap.add_argument("--logprobs", type=int, default=2, help="top-k logprobs per token (0: none; runs of "
+                    "2026-11-23 had none)")
+    ap.add_argument("--v2", action="store_true", help="VLLM_USE_V2_MODEL_RUNNER=1")
+    ap.add_argument("--deadline-s", type=float, default=540, help="start no workload after this")
+    args = ap.parse_args(argv)
+    global LOGPROBS
+    LOGPROBS = args.logprobs
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = args.setup + args.tag
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-logs-{name}"  # raw logs stay there; a digest comes back
+    logs.mkdir(parents=True, exist_ok=True)
+    part = args.out / f"part-{name}.json"
+    result = {"setup": args.setup, "tag": args.tag, "args": {k: str(v) for k, v in vars(args).items()},
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": [], "probe": [], "errors": []}
+
+    def save():
+        part.write_text(json.dumps(result, indent=1))
+
+    engines = Engines(args, logs)
+    try:
+        import importlib.metadata as md
+
+        result["versions"] = {p: md.version(p) for p in ("vllm", "torch", "transformers", "nixl", "hybrid-pd")
+                              if _has(md, p)}
+        tokens = Tokens(args.model)
+        setup = Setup(args.setup, engines, args.upstream_flow)
+        result["start_s"] = engines.start_s
+        block = engine_block(logs)
+        result["block"] = block
+        log(f"aligned block {block} tokens")
+        save()
+        result["probe"] = probe(setup, tokens, args.probe_length, args.max_tokens, block)
+        if not block:  # no log line: every prefix hit is a whole number of aligned blocks
+            hits = [p["hit_tokens"] for p in result["probe"] if p["hit_tokens"]]
+            block = result["block"] = functools.reduce(math.gcd, hits, 0)
+            log(f"aligned block from the probe's hits: {block}")
+        save()
+        for length in map(int, args.warmup_lengths.split(",") if args.warmup_lengths else []):
+            warm = agentic(tokens, max(64, int(length / 3.45)), sessions=2, turns=3, seed=900 + length % 97)
+            run_requests(setup, warm, 2, 8, {"workload": "warmup"})  # untimed: compiles this length's shapes
+            log(f"warm-up at {length} tokens done")
+        for length in map(int, args.lengths.split(",")):
+            for kind in args.workloads.split(","):
+                for conc in map(int, args.concurrency.split(",")):
+                    if kind == "insert_middle" and conc > 1:
+                        continue  # one document, edited in order
+                    # the same prompts whatever subset of the matrix a call runs (runs 2026-11-23 used a counter)
+                    seed = 1000 + 97 * WORKLOADS.index(kind) + length % 9973 + 31 * conc
+                    if time.monotonic() - T0 > args.deadline_s:
+                        result["errors"].append(f"deadline: skipped {kind} {length} c={conc}")
+                        continue
+                    reqs = workload(kind, tokens, length, conc, seed)
+                    oracle = dict(zip(((r.session, r.turn) for r in reqs), oracle_hits(reqs, block or 1)))
+                    tag = {"workload": kind, "length": length, "concurrency": conc}
+                    run = run_requests(setup, reqs, conc, args.max_tokens, tag)
+                    for row in run["rows"]:
+                        row["oracle_hit"] = oracle[(row["session"], row["turn"])]
+                    run |= tag
+                    result["runs"].append(run)
+                    ttfts = sorted(r["ttft_s"] for r in run["rows"] if r["ttft_s"] is not None)
+                    log(f"{kind} L={length} c={conc}: {len(run['rows'])} requests, "
+                        f"TTFT p50 {ttfts[len(ttfts) // 2] * 1e3 if ttfts else float('nan'):.1f} ms, "
+                        f"{run['throughput_tok_s']:.0f} tok/s, errors {len(run['errors'])}")
+                    save()
+    except Exception:
+        result["errors"].append(traceback.format_exc())
+        log(traceback.format_exc())
+    finally:
+        engines.close()
+        save()
+    try:
+        counts = [(int(r["bytes"]), int(r["descriptors"])) for run in result["runs"] for r in run["rows"]
+                  if r.get("bytes")]
+        counts += [(int(p["deltas"].get("decode", {}).get(k, 0)), 1) for p in result["probe"]
+                   for k in ("vllm:hybrid_pd_bytes_transferred_sum", "vllm:nixl_bytes_transferred_sum")]
+        result["device_copy"] = device_copy([c for c in counts if c[0] > 0])
+    except Exception:
+        result["errors"].append(traceback.format_exc())
+    save()
+    pack_logs(logs, args.out / f"{name}-logs.tar.gz")
+    log(f"wrote {part}")
+    return 0
+
+
+def _has(md, name: str) -> bool:
+    try:
+        md.version(name)
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

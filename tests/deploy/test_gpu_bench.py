@@ -1,0 +1,143 @@
+"""The one-GPU benchmark's CPU-side logic (deploy/gpu/): workload sizing, metric deltas, the merge into
+results.json ratios, and the real-shape configs. The GPU parts run only on the device machine."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+GPU = Path(__file__).resolve().parents[2] / "deploy" / "gpu"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load("bench_gpu")
+
+
+@pytest.fixture(scope="module")
+def tokens(tiny_model):
+    from tests.bench.workloads import Tokens
+
+    return Tokens(tiny_model)
+
+
+@pytest.mark.parametrize("length", [2048, 8192])
+def test_workloads_average_the_asked_length(bench, tokens, length):
+    for kind in ("agentic", "shared_system", "insert_middle"):
+        reqs = bench.workload(kind, tokens, length, 1, seed=7)
+        mean = sum(len(r.token_ids) for r in reqs) / len(reqs)
+        assert 0.8 * length < mean < 1.2 * length, (kind, mean)
+    assert len(bench.sessions_of(bench.workload("agentic", tokens, length, 8, seed=7))) == 8
+
+
+def test_metric_deltas_keep_proxy_labels_and_sum_engine_labels(bench):
+    before = {"decode": {'vllm:request_queue_time_seconds_sum{engine="0",model_name="m"}': 1.0},
+              "front": {'hybrid_pd_proxy_stage_latency_seconds_sum{stage="prefill"}': 2.0}}
+    after = {"decode": {'vllm:request_queue_time_seconds_sum{engine="0",model_name="m"}': 1.5,
+                        'vllm:prompt_tokens_total{engine="0",model_name="m"}': 100.0},
+             "front": {'hybrid_pd_proxy_stage_latency_seconds_sum{stage="prefill"}': 2.25}}
+    d = bench.metric_deltas(before, after)
+    assert d["decode"] == {"vllm:request_queue_time_seconds_sum": 0.5, "vllm:prompt_tokens_total": 100.0}
+    assert d["front"] == {'hybrid_pd_proxy_stage_latency_seconds_sum{stage="prefill"}': 0.25}
+
+
+def row(session, turn, ttft, text, prompt=9000, conc=1, **kw):
+    return dict(workload="agentic", length=8192, concurrency=conc, session=session, turn=turn, prompt_tokens=prompt,
+                hit_tokens=kw.get("hit", 0), oracle_hit=kw.get("hit", 0), ttft_s=ttft, itl_s=0.008, text=text,
+                **{k: v for k, v in kw.items() if k != "hit"})
+
+
+def part(setup, rows_c1, rows_c8, tok_s, copy=()):
+    runs = [{"workload": "agentic", "length": 8192, "concurrency": c, "rows": rows, "wall_s": 1.0, "errors": [],
+             "throughput_tok_s": t, "transfer": {"bytes": 0.0, "descriptors": 0.0, "transfers": 0.0,
+                                                 "transfer_seconds": 0.0, "failed_transfers": 0.0}}
+            for c, rows, t in ((1, rows_c1, tok_s[0]), (8, rows_c8, tok_s[1]))]
+    return {"setup": setup, "tag": "", "args": {}, "runs": runs, "probe": [], "errors": [],
+            "device_copy": list(copy), "start_s": {}, "block": 544}
+
+
+def test_merge_ratios(tmp_path):
+    merge = load("merge")
+    col = part("colocated", [row("a", 0, 0.10, "x"), row("a", 1, 0.20, "y", hit=544)], [row("a", 0, 0.3, "z", conc=8)],
+               (100, 800))
+    up = part("upstream", [row("a", 0, 0.30, "x"), row("a", 1, 0.40, "q", hit=544)], [row("a", 0, 1.0, "z", conc=8)],
+              (90, 400))
+    ours = part("hybrid-pd-1p1d",
+                [row("a", 0, 0.15, "x", bytes=4e7, descriptors=45, transfer_seconds=0.1),
+                 row("a", 1, 0.10, "y", hit=544, bytes=0, descriptors=0, transfer_seconds=0)],
+                [row("a", 0, 0.9, "w", conc=8)], (95, 600),
+                copy=[{"bytes": 40000000, "descriptors": 45, "contiguous_gb_s": 1000.0, "pieces_gb_s": 500.0,
+                       "contiguous_s": 4e-5, "pieces_s": 8e-5}])
+    for p in (col, up, ours):
+        (tmp_path / f"part-{p['setup']}.json").write_text(json.dumps(p))
+    r = merge.merge(tmp_path, 8192)["ratios"]
+    assert r["ttft_p50_vs_upstream"] == pytest.approx(0.15 / 0.40)  # p50 of two values: the upper one
+    assert r["ttft_p50_vs_colocated"] == pytest.approx(0.15 / 0.20)
+    assert r["throughput_vs_upstream"] == pytest.approx(600 / 400)
+    assert r["dlocal_ttft_vs_colocated"] == pytest.approx(0.10 / 0.20)  # turn 1 moved no bytes and hit
+    assert r["transfer_vs_device_copy"] == pytest.approx((4e7 / 0.1) / 1e12)
+    assert r["equal_to_colocated"] == pytest.approx(2 / 3)
+    assert r["equal_to_upstream_c1"] == pytest.approx(1 / 2)
+    assert "generated tables" in merge.summary_md(merge.merge(tmp_path, 8192), "t")
+
+
+def test_real_shapes_state_bytes():
+    shapes = load("real_shapes")
+    q = shapes.state_bytes_per_token(shapes.qwen3next_config())
+    assert (q["attention_layers"], q["state_layers"], q["kv_bytes_per_token_per_layer"]) == (3, 9, 2048)
+    assert q["state_bytes_per_layer"] == (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128)) * 2
+    n = shapes.state_bytes_per_token(shapes.nemotronh_config())
+    assert (n["attention_layers"], n["state_layers"], n["kv_bytes_per_token_per_layer"]) == (2, 9, 4096)
+
+
+def test_greedy_consistency_up_to_near_ties():
+    merge = load("merge")
+    ref = {"tokens": ["a", "b", "c"], "margins": [2.0, 0.02, 1.0]}
+    assert merge.consistent({"tokens": ["a", "b", "c"], "margins": [2.0, 0.03, 1.0]}, ref)
+    assert merge.consistent({"tokens": ["a", "x", "y"], "margins": [2.0, 0.03, 1.0]}, ref)  # near-tie at 1
+    assert not merge.consistent({"tokens": ["z", "b", "c"], "margins": [1.5, 0.03, 1.0]}, ref)  # a clear win lost
+    assert merge.consistent({"text": "abc"}, ref) is None
+
+
+def test_stream_logprobs_reads_vllm_chunks():
+    client = load("bench_client")
+    import http.server
+    import threading
+
+    chunks = [{"choices": [{"text": "he", "logprobs": {"tokens": ["he"], "top_logprobs": [{"he": -0.1, "ha": -2.1}]}}]},
+              {"choices": [{"text": "y", "logprobs": {"tokens": ["y"], "top_logprobs": [{"y": -0.5}]}}]},
+              {"choices": [], "usage": {"completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 544}}}]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for c in chunks:
+                self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        seen = client.stream_logprobs(f"http://127.0.0.1:{server.server_address[1]}", {"prompt": [1, 2], "logprobs": 2})
+    finally:
+        server.shutdown()
+    assert seen["text"] == "hey" and seen["tokens"] == ["he", "y"] and seen["margins"] == [2.0, None]
+    assert len(seen["arrivals"]) == 2 and client.cached_of(seen["usage"]) == 544
