@@ -13,10 +13,10 @@ import dataclasses
 import itertools
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from hybrid_pd.connector.errors import TransportError
+from hybrid_pd.connector.errors import ConfigurationError, TransportError
 from hybrid_pd.connector.messages import Region
 from hybrid_pd.connector.plan import Run
 
@@ -82,10 +82,26 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class NixlTransport:
-    """A NIXL agent (UCX backend) with a progress thread that sleeps `delay_us` between polls."""
+# NIXL backends a worker may pick: UCX (TCP, InfiniBand/RoCE verbs, CUDA IPC) or LIBFABRIC (AWS EFA).
+NIXL_BACKENDS = ("UCX", "LIBFABRIC")
 
-    def __init__(self, name: str, mem_type: str = "DRAM", delay_us: int | None = None):
+
+def nixl_backend(extra: Mapping[str, Any], env: Mapping[str, str]) -> str:
+    """The backend named by kv_connector_extra_config `nixl_backend`, else by HYBRID_PD_NIXL_BACKEND (the
+    launchers own --kv-transfer-config, so Kubernetes sets the environment), else UCX."""
+    if "nixl_backend" in extra:
+        name, source = extra["nixl_backend"], "kv_connector_extra_config nixl_backend"
+    else:
+        name, source = env.get("HYBRID_PD_NIXL_BACKEND", "UCX"), "HYBRID_PD_NIXL_BACKEND"
+    if name not in NIXL_BACKENDS:
+        raise ConfigurationError(f"{source}={name!r}: choose one of {', '.join(NIXL_BACKENDS)}")
+    return name
+
+
+class NixlTransport:
+    """A NIXL agent (UCX or LIBFABRIC backend) with a progress thread that sleeps `delay_us` between polls."""
+
+    def __init__(self, name: str, mem_type: str = "DRAM", delay_us: int | None = None, backend: str = "UCX"):
         from hybrid_pd.connector import nixl_delay
 
         nixl_delay.install(delay_us if delay_us is not None else int(os.environ.get("NIXL_PTHR_DELAY_US")
@@ -93,9 +109,9 @@ class NixlTransport:
         try:
             from nixl._api import nixl_agent, nixl_agent_config
 
-            self.agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+            self.agent = nixl_agent(name, nixl_agent_config(backends=[backend]))
         except Exception as e:  # NIXL raises bare RuntimeError/nixlBind errors: map them here
-            raise TransportError(f"cannot create NIXL agent {name}: {e}") from e
+            raise TransportError(f"cannot create NIXL agent {name} ({backend} backend): {e}") from e
         self.name, self.mem_type = name, mem_type
         self._registered: list[Any] = []
 

@@ -21,6 +21,7 @@ from hybrid_pd.connector.errors import ConfigurationError
 from hybrid_pd.connector.messages import PROTOCOL_VERSION, Handshake, Region, encode
 from hybrid_pd.connector.plan import GroupSpec
 from hybrid_pd.connector.scheduler_side import SchedulerSide
+from hybrid_pd.connector.transport import nixl_backend
 from hybrid_pd.connector.worker_side import StepMeta, WorkerSide
 
 log = logging.getLogger("vllm.hybrid_pd.connector")
@@ -120,6 +121,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         self.read_timeout_s = float(extra.get("read_timeout_s", os.environ.get("HYBRID_PD_READ_TIMEOUT_S", 30)))
         lease_s = float(extra.get("lease_s", os.environ.get("HYBRID_PD_LEASE_S", 120)))
         ship = str(extra.get("ship_checkpoints", os.environ.get("HYBRID_PD_SHIP_CHECKPOINTS", "1"))).lower()
+        self.nixl_backend = nixl_backend(extra, os.environ)  # checked in both roles: a typo fails at start-up
         # vLLM < 0.32 has no per-request failure channel; HYBRID_PD_TRANSFER_RESULTS=legacy takes that path
         # on newer releases too (tests)
         self.legacy_results = os.environ.get("HYBRID_PD_TRANSFER_RESULTS") == "legacy"
@@ -213,7 +215,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 storage = t.untyped_storage()
                 ranges[storage.data_ptr()] = storage.nbytes()
                 mem_type = "DRAM" if t.device.type == "cpu" else "VRAM"
-        transport = NixlTransport(f"{self.engine_id}-{tp_rank}", mem_type=mem_type)
+        transport = NixlTransport(f"{self.engine_id}-{tp_rank}", mem_type=mem_type, backend=self.nixl_backend)
         transport.register(sorted(ranges.items()))
         local = Handshake(PROTOCOL_VERSION, self.engine_id, tp_rank, transport.name, transport.metadata(),
                           [g.kind for g in self.groups], [g.block_size for g in self.groups], regions, mem_type)
