@@ -1,95 +1,46 @@
 """Kubernetes manifests: every overlay renders with `kubectl kustomize`, validates offline against the
-Kubernetes schemas, passes our policy checks, and its container arguments parse with our own CLIs (so the
-manifests cannot drift from the launchers and the proxy)."""
+Kubernetes schemas (custom resources: structure checks instead), passes our policy checks
+(tests/support/k8s_policy.py), and its container arguments parse with our own CLIs (so the manifests cannot
+drift from the launchers and the proxy). A second release in the same namespace stays apart from the first."""
 
 from __future__ import annotations
 
+import argparse
 import copy
+import os
 import re
-import subprocess
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
-import yaml
 
 from hybrid_pd.prefill.cli import add_worker_args, config_from_args
 from hybrid_pd.proxy.config_sources import load_config
+from tests.support.k8s_policy import (INSTANCE, K8S, ROLE, WORKER_ROLES, by_kind, flag_value, pod_templates,
+                                      policy_problems, render, selects)
 
-K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir())
 K8S_VERSION = "1.32.0"
-WORKER_ROLES = ("prefill", "decode")
-
-
-def render(overlay: str) -> list[dict]:
-    out = subprocess.run(["kubectl", "kustomize", str(K8S / "overlays" / overlay)], check=True,
-                         capture_output=True, text=True, timeout=60).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
-    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
-
-
-def policy_problems(docs: list[dict]) -> list[str]:
-    """What a reviewer would refuse in a rendered overlay."""
-    problems = []
-    pdb_selectors = [d["spec"]["selector"]["matchLabels"] for d in docs if d["kind"] == "PodDisruptionBudget"]
-    for name, dep in by_kind(docs, "Deployment").items():
-        pod = dep["spec"]["template"]
-        role = pod["metadata"]["labels"].get("hybrid-pd/role")
-        if role is None:
-            problems.append(f"{name}: pods carry no hybrid-pd/role label")
-        if not any(sel.items() <= pod["metadata"]["labels"].items() for sel in pdb_selectors):
-            problems.append(f"{name}: no PodDisruptionBudget selects its pods")
-        for c in pod["spec"]["containers"]:
-            where = f"{name}/{c['name']}"
-            if ":" not in c["image"] or c["image"].endswith(":latest"):
-                problems.append(f"{where}: image {c['image']!r} needs a pinned tag")
-            for probe in ("readinessProbe", "livenessProbe"):
-                if probe not in c:
-                    problems.append(f"{where}: no {probe}")
-            res = c.get("resources", {})
-            for kind in ("requests", "limits"):
-                if not {"cpu", "memory"} <= set(res.get(kind, {})):
-                    problems.append(f"{where}: resources.{kind} needs cpu and memory")
-            for extended in set(res.get("limits", {})) | set(res.get("requests", {})):
-                if "/" in extended and res.get("limits", {}).get(extended) != res.get("requests", {}).get(extended):
-                    problems.append(f"{where}: {extended} requests must equal limits")
-            if role in WORKER_ROLES:
-                if "startupProbe" not in c:
-                    problems.append(f"{where}: a worker needs a startupProbe (model load takes minutes)")
-                mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
-                if "/dev/shm" not in mounts:
-                    problems.append(f"{where}: no /dev/shm volume")
-                if not any(e.get("name") == "POD_IP" for e in c.get("env", [])):
-                    problems.append(f"{where}: the NIXL side channel needs POD_IP")
-        if role in WORKER_ROLES and not pod["spec"].get("terminationGracePeriodSeconds"):
-            problems.append(f"{name}: no graceful shutdown period")
-    services = by_kind(docs, "Service")
-    for role in WORKER_ROLES:
-        svc = [s for s in services.values() if s["metadata"].get("labels", {}).get("hybrid-pd/role") == role]
-        if not svc or {"http", "kv-events"} - {p["name"] for p in svc[0]["spec"]["ports"]}:
-            problems.append(f"no {role} Service with ports named http and kv-events (proxy discovery)")
-    return problems
+CUSTOM_KINDS = {"LeaderWorkerSet", "ScaledObject", "ServiceMonitor"}  # CRDs: no schema in kubernetes_validate
 
 
 @pytest.fixture(scope="module", params=OVERLAYS)
 def rendered(request) -> tuple[str, list[dict]]:
-    return request.param, render(request.param)
+    return request.param, render(K8S / "overlays" / request.param)
 
 
 def test_overlays_exist():
-    assert set(OVERLAYS) == {"gpu", "cpu-dev"}
+    assert set(OVERLAYS) == {"cpu-dev", "gpu", "gpu-rdma-ucx", "gpu-efa", "gpu-4p4d", "gpu-autoscale",
+                             "gpu-multinode-tp"}
 
 
 def test_every_object_validates_against_the_kubernetes_schema(rendered):
     _, docs = rendered
-    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "ConfigMap", "ServiceAccount", "Role",
-                                          "RoleBinding", "PodDisruptionBudget"}
+    assert {d["kind"] for d in docs} >= {"Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding",
+                                          "PodDisruptionBudget", "NetworkPolicy"}
     for doc in docs:
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        if doc["kind"] not in CUSTOM_KINDS:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
 def test_policy_checks_pass(rendered):
@@ -98,47 +49,103 @@ def test_policy_checks_pass(rendered):
 
 def test_policy_checks_catch_a_broken_manifest(rendered):
     docs = copy.deepcopy(rendered[1])
-    decode = by_kind(docs, "Deployment")["hybrid-pd-decode"]["spec"]["template"]["spec"]["containers"][0]
-    del decode["livenessProbe"]
-    decode["image"] = "ghcr.io/hybrid-pd/hybrid-pd:latest"
-    decode["resources"]["limits"]["nvidia.com/gpu"] = "2"
-    decode["resources"]["requests"]["nvidia.com/gpu"] = "1"
+    proxy = by_kind(docs, "Deployment")["hybrid-pd-proxy"]["spec"]["template"]
+    proxy["spec"]["containers"][0]["livenessProbe"]["httpGet"]["path"] = "/health"
+    proxy["spec"]["securityContext"]["runAsUser"] = 0
+    by_kind(docs, "PodDisruptionBudget")["hybrid-pd-proxy"]["spec"] = {
+        "minAvailable": 1, "selector": {"matchLabels": {ROLE: "proxy"}}}
+    by_kind(docs, "Role")["hybrid-pd-proxy-discovery"]["rules"][0]["verbs"].append("watch")
+    by_kind(docs, "NetworkPolicy")["hybrid-pd-workers"]["spec"]["ingress"][0]["from"] = [{"podSelector": {}}]
     problems = policy_problems(docs)
-    assert "hybrid-pd-decode/decode: no livenessProbe" in problems
-    assert any("needs a pinned tag" in p for p in problems)
-    assert any("nvidia.com/gpu requests must equal limits" in p for p in problems)
+    assert any("not a liveness probe" in p for p in problems)
+    assert any("numeric non-root user" in p for p in problems)
+    assert any("minAvailable blocks drains" in p for p in problems)
+    assert any("must carry app.kubernetes.io/instance" in p for p in problems)
+    assert any("Role grants" in p for p in problems)
+    assert any("open to this release's proxy only" in p for p in problems)
+
+
+def test_policy_checks_catch_a_broken_worker(rendered):
+    docs = copy.deepcopy(rendered[1])
+    where, pod = next((w, p) for w, p in pod_templates(docs) if p["metadata"]["labels"][ROLE] == "decode")
+    c = pod["spec"]["containers"][0]
+    del c["lifecycle"]
+    c["args"] = [a for a in c["args"] if a != "--shutdown-timeout"]
+    c["image"] = c["image"].rsplit(":", 1)[0] + ":latest"
+    c["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    c["resources"]["requests"]["nvidia.com/gpu"] = "1"
+    c["securityContext"]["capabilities"]["add"] = ["SYS_ADMIN"]
+    pod["spec"]["automountServiceAccountToken"] = True
+    problems = policy_problems(docs)
+    for wanted in ("preStop sleep", "no --shutdown-timeout", "needs a pinned tag", "requests must equal limits",
+                   "adds capabilities ['SYS_ADMIN']", "service-account token"):
+        assert any(wanted in p for p in problems), wanted
 
 
 def expand(args: list[str], env: dict[str, str]) -> list[str]:
     return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]
 
 
-def test_worker_arguments_are_accepted_by_the_launcher(rendered, monkeypatch):
-    import argparse
+LWS_ENV = {"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "0", "LWS_LEADER_ADDRESS": "10.0.0.1"}
 
+
+def test_worker_arguments_are_accepted_by_the_launcher(rendered, monkeypatch):
     overlay, docs = rendered
-    env = by_kind(docs, "ConfigMap")["hybrid-pd-config"]["data"]
+    env = by_kind(docs, "ConfigMap")["hybrid-pd-config"]["data"] | LWS_ENV
     monkeypatch.setenv("POD_IP", "10.0.0.7")
-    for role in WORKER_ROLES:
-        c = by_kind(docs, "Deployment")[f"hybrid-pd-{role}"]["spec"]["template"]["spec"]["containers"][0]
+    workers = [(w, p) for w, p in pod_templates(docs) if p["metadata"]["labels"][ROLE] in WORKER_ROLES]
+    assert len(workers) in (2, 4)  # a Deployment per role, or a LeaderWorkerSet's two templates per role
+    for where, pod in workers:
+        role = pod["metadata"]["labels"][ROLE]
+        c = pod["spec"]["containers"][0]
         assert c["command"] == ["hybrid-pd", role]
         ap = argparse.ArgumentParser()
         add_worker_args(ap, role)
-        args = ap.parse_args(expand(c["args"], env))
-        cfg = config_from_args(args, role, check_ports_free=False)
+        cfg = config_from_args(ap.parse_args(expand(c["args"], env)), role, check_ports_free=False)
         assert cfg.env({})["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.0.7"
-        assert cfg.device == ("gpu" if overlay == "gpu" else "cpu")
+        assert cfg.device == ("cpu" if overlay == "cpu-dev" else "gpu")
+        assert int(flag_value(list(cfg.extra_vllm_args), "--shutdown-timeout")) > 0
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert (ports["http"], ports["nixl"], ports["kv-events"]) == (
             cfg.port, cfg.side_channel_port, cfg.kv_events_port)
 
 
-def test_proxy_arguments_are_accepted_by_the_proxy(rendered, monkeypatch):
+def test_proxy_discovers_only_its_own_release(rendered, monkeypatch):
     _, docs = rendered
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # what the kubelet sets in every pod
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    c = by_kind(docs, "Deployment")["hybrid-pd-proxy"]["spec"]["template"]["spec"]["containers"][0]
-    cfg = load_config(expand(c["args"], {"POD_NAMESPACE": "serving"}), env={})
+    pod = by_kind(docs, "Deployment")["hybrid-pd-proxy"]["spec"]["template"]
+    c = pod["spec"]["containers"][0]
+    downward = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert downward["INSTANCE"] == f"metadata.labels['{INSTANCE}']"
+    instance = pod["metadata"]["labels"][INSTANCE]
+    cfg = load_config(expand(c["args"], {"POD_NAMESPACE": "serving", "INSTANCE": instance}), env={})
     assert cfg.discovery == "k8s" and cfg.k8s.namespace == "serving"
-    workers = {s["metadata"]["labels"]["hybrid-pd/role"] for s in by_kind(docs, "Service").values()}
-    assert {cfg.k8s.prefill_selector.split("=")[1], cfg.k8s.decode_selector.split("=")[1]} <= workers
+    services = by_kind(docs, "Service").values()
+    for role, selector in (("prefill", cfg.k8s.prefill_selector), ("decode", cfg.k8s.decode_selector)):
+        wanted = dict(kv.split("=") for kv in selector.split(","))
+        found = [s for s in services if selects(wanted, s["metadata"]["labels"])]
+        assert [s["metadata"]["labels"][ROLE] for s in found] == [role]
+        assert found[0]["spec"]["selector"][INSTANCE] == instance
+
+
+def test_a_second_release_in_the_namespace_neither_adopts_nor_discovers_the_first(tmp_path: Path):
+    other = tmp_path / "team-b"
+    other.mkdir()
+    base = os.path.relpath(K8S / "overlays" / "cpu-dev", other)  # kustomize refuses absolute paths
+    (other / "kustomization.yaml").write_text(
+        f"resources: [{base}]\nnamePrefix: team-b-\n"
+        f"labels:\n  - pairs: {{{INSTANCE}: team-b}}\n    includeSelectors: true\n")
+    first, second = render(K8S / "overlays" / "cpu-dev"), render(other)
+    assert policy_problems(second) == []
+    for a, b in ((first, second), (second, first)):
+        pods_b = [p["metadata"]["labels"] for _, p in pod_templates(b)]
+        for kind, path in (("Deployment", ("spec", "selector", "matchLabels")), ("Service", ("spec", "selector")),
+                           ("PodDisruptionBudget", ("spec", "selector", "matchLabels"))):
+            for name, obj in by_kind(a, kind).items():
+                sel = obj
+                for key in path:
+                    sel = sel[key]
+                assert not any(selects(sel, labels) for labels in pods_b), f"{kind} {name} selects the other's pods"
+    proxy_b = by_kind(second, "Deployment")["team-b-hybrid-pd-proxy"]["spec"]["template"]["metadata"]["labels"]
+    assert proxy_b[INSTANCE] == "team-b"
