@@ -42,14 +42,8 @@ setup_env() {
     "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT"
     echo "$ROOT" > "$VENV/.hybrid-pd-src"
   fi
-  # NIXL's Python API hard-codes a 0 us progress-thread delay (a spinning core per agent). This hook
-  # lets every process of the venv (vLLM's engine cores included) honour NIXL_PTHR_DELAY_US.
-  local site; site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo 'import os; os.environ.get("NIXL_PTHR_DELAY_US") and __import__("hybrid_pd.connector.nixl_delay", fromlist=["install"]).install()' \
-    > "$site/hybrid_pd_nixl_delay.pth"
-  # vLLM's NixlConnector moves a CPU worker's forward thread off its --cpu-bind cores (prefill/affinity_guard.py)
-  echo 'import os; os.environ.get("HYBRID_PD_KEEP_AFFINITY") and __import__("hybrid_pd.prefill.affinity_guard", fromlist=["install"]).install()' \
-    > "$site/hybrid_pd_affinity_guard.pth"
+  # NIXL progress-thread delay and CPU affinity hooks, shared with the worker images
+  sh "$ROOT/deploy/docker/site_hooks.sh" "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 }
 
 cmd=${1:-demo}; shift || true

