@@ -1,6 +1,10 @@
 """The proxy's routes, the error boundary, and the background tasks' lifecycle, on http_server.HTTPServer.
 
     async with serve_in_background(config) as proxy: ...     (server.py runs it until a signal; tests in-process)
+        await proxy.drain()                                      (SIGTERM: readiness off, serve on, then stop)
+
+/health is readiness (503 without an admitted decoder, and while draining); /livez is liveness (200 while the
+event loop runs, whatever the workers do).
 
 Every error a client can see leaves through `ProxyApp.handle`, OpenAI-shaped:
 {"error": {"message", "type", "param", "code"}}.
@@ -36,11 +40,13 @@ class ProxyApp:
         self.config = config
         self.state = ProxyState.build(config)
         self.flow = PDFlow(self.state)
+        self.draining = False  # SIGTERM came: /health answers 503 so that the Service stops sending
         self.routes: dict[str, dict[str, Route]] = {
             "/v1/completions": {"POST": self._generate("completions")},
             "/v1/chat/completions": {"POST": self._generate("chat")},
             "/v1/models": {"GET": self.models},
             "/health": {"GET": self.health},
+            "/livez": {"GET": self.livez},
             "/metrics": {"GET": self.metrics},
         }
 
@@ -97,11 +103,15 @@ class ProxyApp:
     async def health(self, request: Request) -> None:
         state = self.state
         counts = {role: len(state.pool.admitted(role)) for role in ("prefill", "decode")}
-        ok = counts["decode"] > 0
-        body = {"status": "ok" if ok else "no healthy decode worker", "admitted": counts,
+        ok = counts["decode"] > 0 and not self.draining
+        status = "draining" if self.draining else "ok" if ok else "no healthy decode worker"
+        body = {"status": status, "admitted": counts,
                 "ejected": [w.url for w in state.pool.all() if not w.healthy],
                 "kv_hashes_verified": state.kv_index.hashes_verified}
         request.respond(200 if ok else 503, _encoder.encode(body))
+
+    async def livez(self, request: Request) -> None:
+        request.respond(200, b'{"status":"alive"}')
 
     async def metrics(self, request: Request) -> None:
         request.respond(200, self.state.metrics.render(), content_type="text/plain; version=0.0.4")
@@ -135,16 +145,34 @@ def error_kind(e: ProxyError) -> str:
 class RunningProxy:
     url: str
     app: ProxyApp
+    server: HTTPServer
 
     @property
     def state(self) -> ProxyState:
         return self.app.state
 
+    async def drain(self) -> bool:
+        """The graceful stop (config.drain): readiness off at once; requests still served for delay_s while
+        the endpoints' removal propagates (their answers say Connection: close); then the listener closes and
+        open requests get timeout_s. True when all finished; leaving serve_in_background cuts the rest."""
+        cfg = self.app.config.drain
+        self.app.draining = self.server.draining = True
+        log.info("draining: /health answers 503; serving new requests for %g s more", cfg.delay_s)
+        await asyncio.sleep(cfg.delay_s)
+        self.server.stop_accepting()
+        open_now = sum(c.task is not None for c in self.server.connections)
+        log.info("draining: not accepting; waiting up to %g s for %d open requests", cfg.timeout_s, open_now)
+        finished = await self.server.wait_idle(cfg.timeout_s)
+        if not finished:
+            log.warning("draining: requests still open after --drain-timeout-s %g s are cut", cfg.timeout_s)
+        return finished
+
 
 @contextlib.asynccontextmanager
 async def serve_in_background(config: ProxyConfig) -> AsyncIterator[RunningProxy]:
-    """Run the proxy in this event loop on config.host:config.port (0 = a free port); stops it on exit.
-    Handlers are cancelled when their client disconnects (that is what aborts the decode leg)."""
+    """Run the proxy in this event loop on config.host:config.port (0 = a free port); stops it on exit
+    (requests still open get 1 s, none once drain() began). Handlers are cancelled when their client disconnects
+    (that is what aborts the decode leg)."""
     app = ProxyApp(config)
     state = app.state
     await state.upstream.start()
@@ -153,9 +181,9 @@ async def serve_in_background(config: ProxyConfig) -> AsyncIterator[RunningProxy
     server = None
     try:
         server = await HTTPServer.start(config.host, config.port, app.handle, Limits())
-        yield RunningProxy(f"http://{config.host}:{server.port}", app)
+        yield RunningProxy(f"http://{config.host}:{server.port}", app, server)
     finally:
         if server is not None:
-            await server.stop(grace_s=1.0)
+            await server.stop(grace_s=0.0 if server.draining else 1.0)
         await background.stop()
         await state.upstream.close()

@@ -22,6 +22,8 @@ DEFAULT_NONE_HASH_SEED = "vllm-none-hash"  # vllm/v1/core/kv_cache_utils.py DEFA
 class WorkerSpec:
     url: str  # http://host:port, no trailing slash
     events: str | None = None  # the worker's vLLM KV-event endpoint, [bind:|connect:]tcp://host:port
+    identity: str | None = None  # its engine's identity where discovery knows one (a pod UID)
+    terminating: bool = False  # going away but still serving: no new requests, nothing torn down
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class KVIndexConfig:
     hash_seed: str = DEFAULT_NONE_HASH_SEED  # PYTHONHASHSEED of the workers, when they set one
     hash_block_size: int = 0  # vLLM's hash_block_size; 0: learn it from the workers' events
     forward_token_ids: bool = True  # send the tokenized prompt to P and D (completions only)
+    grace_s: float = 60.0  # a removed worker's index is kept this long, for the same worker coming back
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,17 @@ class K8sConfig:
     events_port_name: str = "kv-events"
     token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
     ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
-    poll_interval_s: float = 10.0
+    poll_interval_s: float = 10.0  # between lists while the watch fails (the watch itself follows at once)
+    watch_timeout_s: float = 300.0  # a watch is renewed from its resourceVersion after this long
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    """On SIGTERM: /health answers 503 at once; new requests are still served for `delay_s` (while the
+    endpoints' removal propagates), then the listener closes and open requests get `timeout_s` to finish."""
+
+    delay_s: float = 5.0
+    timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,7 @@ class ProxyConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -174,6 +188,12 @@ class ProxyConfig:
             out.append("--queue-timeout must be > 0 seconds")
         if self.health.interval_s < 0 or self.health.failures_to_eject < 1 or self.health.successes_to_readmit < 1:
             out.append("--health-interval must be >= 0, --health-failures and --health-successes >= 1")
+        if self.drain.delay_s < 0 or self.drain.timeout_s < 0:
+            out.append("--drain-delay-s and --drain-timeout-s must be >= 0 seconds")
+        if self.kv.grace_s < 0:
+            out.append("--kv-index-grace-s must be >= 0 seconds (0: a removed worker's index goes at once)")
+        if not self.k8s.poll_interval_s > 0 or not self.k8s.watch_timeout_s > 0:
+            out.append("--k8s-poll-interval-s and --k8s-watch-timeout-s must be > 0 seconds")
         if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             out.append(f"--log-level {self.log_level!r}: choose DEBUG, INFO, WARNING, ERROR or CRITICAL")
         if not self.routing.session_header or not self.routing.session_header.isascii():
@@ -203,7 +223,7 @@ class ProxyConfig:
             host=get("host", "127.0.0.1"), port=int(get("port", 8000)),
             prefill=workers("prefill"), decode=workers("decode"),
             discovery=get("discovery", "static"),
-            k8s=K8sConfig(**{k: get(f"k8s_{k}", v) for k, v in vars(K8sConfig()).items()}),
+            k8s=K8sConfig(**{k: type(v)(get(f"k8s_{k}", v)) for k, v in vars(K8sConfig()).items()}),
             routing=RoutingConfig(
                 decode=Policy(parse_policy(get("decode_policy", default_policy)), get("decode_picker", "round_robin")),
                 prefill=Policy(parse_policy(get("prefill_policy", default_policy)),
@@ -212,7 +232,8 @@ class ProxyConfig:
             kv=KVIndexConfig(hash_algo=get("kv_hash_algo", "sha256"),
                              hash_seed=str(get("kv_hash_seed", DEFAULT_NONE_HASH_SEED)),
                              hash_block_size=int(get("kv_hash_block_size", 0)),
-                             forward_token_ids=bool(get("forward_token_ids", True))),
+                             forward_token_ids=bool(get("forward_token_ids", True)),
+                             grace_s=float(get("kv_index_grace_s", 60.0))),
             disagg=DisaggConfig(enabled=bool(get("disagg", True)),
                                 min_prompt_tokens=int(get("min_prompt_tokens", 0)),
                                 min_prompt_chars=int(get("min_prompt_chars", 0)),
@@ -226,6 +247,7 @@ class ProxyConfig:
             health=HealthConfig(interval_s=float(get("health_interval", 5.0)),
                                 failures_to_eject=int(get("health_failures", 2)),
                                 successes_to_readmit=int(get("health_successes", 1))),
+            drain=DrainConfig(delay_s=float(get("drain_delay_s", 5.0)), timeout_s=float(get("drain_timeout_s", 60.0))),
             log_level=str(get("log_level", "INFO")).upper(),
         )
 

@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                        ("events-port-name", "Endpoints port name of the KV events"),
                        ("token-file", "service-account token file"), ("ca-file", "API server CA file")):
         g.add_argument(f"--k8s-{name}", help=text)
-    g.add_argument("--k8s-poll-interval-s", type=float, help="seconds between discovery polls")
+    g.add_argument("--k8s-poll-interval-s", type=float,
+                   help="seconds between EndpointSlice lists while the watch fails (10)")
+    g.add_argument("--k8s-watch-timeout-s", type=float, help="seconds before a watch is renewed (300)")
     r = p.add_argument_group("routing")
     r.add_argument("--decode-policy", help="weighted scorers for decoders, e.g. 'session_affinity=4,kv_hit=2,"
                    "least_loaded' (scorers: least_loaded, session_affinity, kv_hit; 'none': the picker alone). "
@@ -59,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--kv-hash-algo", choices=["sha256", "sha256_cbor"], help="the workers' prefix-caching hash")
     k.add_argument("--kv-hash-seed", help="the workers' PYTHONHASHSEED, if set (default: vllm-none-hash)")
     k.add_argument("--kv-hash-block-size", type=int, help="vLLM hash_block_size (0: learn from events)")
+    k.add_argument("--kv-index-grace-s", type=float,
+                   help="keep a removed worker's KV index this long, for the same worker coming back (60)")
     k.add_argument("--forward-token-ids", action=argparse.BooleanOptionalAction,
                    help="send the tokenized prompt to the workers (completions; default on)")
     d = p.add_argument_group("conditional disaggregation")
@@ -80,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--health-interval", type=float, help="seconds between active health checks (0: off)")
     q.add_argument("--health-failures", type=int, help="consecutive failures that eject a worker (2)")
     q.add_argument("--health-successes", type=int, help="consecutive successes that re-admit it (1)")
+    s = p.add_argument_group("shutdown (SIGTERM; a second SIGTERM or SIGINT stops at once)")
+    s.add_argument("--drain-delay-s", type=float,
+                   help="after SIGTERM /health answers 503 and new requests are still served this long (5)")
+    s.add_argument("--drain-timeout-s", type=float,
+                   help="then open requests and streams get this long to finish; the rest are cut (60)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING")
     return p
 

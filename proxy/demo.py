@@ -95,7 +95,8 @@ def build_children(args: argparse.Namespace) -> list[ChildProcess]:
         children.append(worker("reference", "decode", 3, "none", "1", args.decode_gpu))
     children.append(ChildProcess("proxy", [
         *HYBRID_PD, "proxy", "--port", str(port), "--prefill", children[0].url, "--decode", children[1].url,
-        "--prefill-events", f"tcp://127.0.0.1:{port + 21}", "--decode-events", f"tcp://127.0.0.1:{port + 22}"],
+        "--prefill-events", f"tcp://127.0.0.1:{port + 21}", "--decode-events", f"tcp://127.0.0.1:{port + 22}",
+        "--drain-delay-s", "0"],  # no load balancer to tell: stop at once
         f"http://127.0.0.1:{port}", log=open(args.logs / "proxy.log", "w")))
     return children
 

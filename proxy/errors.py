@@ -5,6 +5,7 @@
     +-- BadRequest                   400 invalid_request_error: malformed JSON, wrong types, unknown endpoint
     +-- Overloaded                   429 rate_limit_error: the bounded queue is full or waiting took too long
     +-- NoHealthyWorker              503 service_unavailable: no worker of the needed role is admitted
+    +-- ShuttingDown                 503 service_unavailable: the proxy stops (a stream cut at its drain timeout)
     +-- UpstreamError                a worker did not give a usable answer (mapped from aiohttp/asyncio at
         |                            the one boundary in upstream.py)
         +-- UpstreamStatus           the worker answered with an HTTP error; 4xx is passed through as is
@@ -57,6 +58,12 @@ class NoHealthyWorker(ProxyError):
     status = 503
     type = "service_unavailable"
     code = "no_healthy_worker"
+
+
+class ShuttingDown(ProxyError):
+    status = 503
+    type = "service_unavailable"
+    code = "shutting_down"
 
 
 class UpstreamError(ProxyError):

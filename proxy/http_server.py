@@ -2,7 +2,10 @@
 
     server = await HTTPServer.start(host, port, handler, limits)   # handler(request) -> Awaitable[None]
     ...
-    await server.stop(grace_s)
+    server.draining = True          # answers say Connection: close (clients reconnect, elsewhere)
+    server.stop_accepting()         # the listener closes; idle connections close, busy ones after their answer
+    await server.wait_idle(timeout_s)
+    await server.stop(grace_s)      # what is still open gets grace_s, then is cancelled
 
 A handler answers through its request (http_request.Request: a whole answer, or a streamed one). What it leaves
 unanswered gets a 500 (or, mid-stream, the connection is closed). A client that closes its connection cancels
@@ -161,7 +164,7 @@ class Connection(asyncio.Protocol):
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         req = Request(self, self.parser.get_method().decode("ascii"), url.path.decode("latin-1"),
                       (url.query or b"").decode("latin-1"), self.parser.get_http_version(), self._headers, body,
-                      self.parser.should_keep_alive())
+                      self.parser.should_keep_alive() and not self.server.draining)
         self._headers, self._body = {}, []
         if self.current is None:
             self._start(req)
@@ -261,7 +264,8 @@ class HTTPServer:
         self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
-        self.stopping = False
+        self.draining = False  # answers say Connection: close
+        self.stopping = False  # the listener is closed
 
     @classmethod
     async def start(cls, host: str, port: int, handler: Handler, limits: Limits = Limits()) -> HTTPServer:
@@ -276,10 +280,10 @@ class HTTPServer:
         assert self._server is not None
         return self._server.sockets[0].getsockname()[1]
 
-    async def stop(self, grace_s: float = 1.0) -> None:
-        """Stop accepting; close idle connections; give requests in progress `grace_s` seconds, then cancel
-        them (one not answered yet gets a 503)."""
-        self.stopping = True
+    def stop_accepting(self) -> None:
+        """Close the listener (new connections are refused) and idle connections; a connection with a request
+        in progress closes after its answer."""
+        self.stopping = self.draining = True
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._server is not None:
@@ -288,16 +292,27 @@ class HTTPServer:
             conn._closing = True
             if conn.current is None and conn.transport is not None:
                 conn.transport.close()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in progress (True), or `timeout_s` passed (False)."""
         tasks = [c.task for c in self.connections if c.task is not None]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=grace_s)
+        if not tasks:
+            return True
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        return not pending
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop accepting; give requests in progress `grace_s` seconds, then cancel them (one not answered yet
+        gets a 503, a stream its handler's last words) and close every connection."""
+        self.stop_accepting()
+        if not await self.wait_idle(grace_s):
+            pending = [c.task for c in self.connections if c.task is not None]
             for task in pending:
                 task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=grace_s)
+            await asyncio.wait(pending, timeout=1.0)  # they write their last words (a 503, an SSE error event)
         for conn in list(self.connections):
             if conn.transport is not None:
-                conn.transport.close()  # after what is buffered (a 503) is sent
+                conn.transport.close()  # after what is buffered is sent
         if self._server is not None:
             await self._server.wait_closed()
 

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from .errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from .errors import ProxyError, ShuttingDown, UpstreamTimeout, UpstreamUnavailable
 from .http_request import Request
 from .upstream_response import Response
 
@@ -54,7 +54,8 @@ async def relay_sse(request: Request, resp: Response, fix: FixUsage, *, worker: 
                     on_first_byte: Callable[[], None]) -> SSEResult:
     """Stream D's SSE to the client. The first bytes must come within `first_byte_timeout` seconds, or
     UpstreamTimeout is raised before anything was sent. A stream that breaks later ends with an SSE error
-    event (the status line is gone already); a client that goes away sets client_gone."""
+    event (the status line is gone already), and so does one cancelled because the proxy stops; a client that
+    goes away sets client_gone."""
     try:
         first = await resp.readany(first_byte_timeout)
     except TimeoutError:
@@ -86,6 +87,11 @@ async def relay_sse(request: Request, resp: Response, fix: FixUsage, *, worker: 
         write_stream_error(request, result.broken)
     except ConnectionResetError:
         result.client_gone = True  # leaving returns D's connection closed: vLLM aborts the request
+    except asyncio.CancelledError:
+        # the proxy stops and its drain timeout passed (a client that left has no transport: nothing is written)
+        write_stream_error(request, ShuttingDown("the proxy is shutting down and its drain timeout "
+                                                 "(--drain-timeout-s) passed; retry the request"))
+        raise
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
         result.broken = UpstreamUnavailable(f"decode worker {worker} broke the stream: {e!r}", worker=worker,
                                             stage="decode")

@@ -52,6 +52,7 @@ def test_policy_checks_catch_a_broken_manifest(rendered):
     proxy = by_kind(docs, "Deployment")["hybrid-pd-proxy"]["spec"]["template"]
     proxy["spec"]["containers"][0]["livenessProbe"]["httpGet"]["path"] = "/health"
     proxy["spec"]["securityContext"]["runAsUser"] = 0
+    proxy["spec"]["terminationGracePeriodSeconds"] = 30
     by_kind(docs, "PodDisruptionBudget")["hybrid-pd-proxy"]["spec"] = {
         "minAvailable": 1, "selector": {"matchLabels": {ROLE: "proxy"}}}
     by_kind(docs, "Role")["hybrid-pd-proxy-discovery"]["rules"][0]["verbs"].append("watch")
@@ -59,6 +60,7 @@ def test_policy_checks_catch_a_broken_manifest(rendered):
     problems = policy_problems(docs)
     assert any("not a liveness probe" in p for p in problems)
     assert any("numeric non-root user" in p for p in problems)
+    assert any("must exceed --drain-delay-s 5 s + --drain-timeout-s 60 s" in p for p in problems)
     assert any("minAvailable blocks drains" in p for p in problems)
     assert any("must carry app.kubernetes.io/instance" in p for p in problems)
     assert any("Role grants" in p for p in problems)

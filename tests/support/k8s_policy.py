@@ -118,6 +118,23 @@ def worker_problems(where: str, c: dict, pod: dict) -> list[str]:
     return problems
 
 
+def proxy_problems(where: str, c: dict, pod: dict) -> list[str]:
+    """Liveness on /livez (nothing else: /health is 503 without a decoder and while draining); the grace
+    period covers the proxy's own drain (proxy/app.py RunningProxy.drain)."""
+    problems = []
+    path = c.get("livenessProbe", {}).get("httpGet", {}).get("path")
+    if path != "/livez":
+        problems.append(f"{where}: liveness on {path!r}: only /livez depends on nothing else (not a liveness probe)")
+    if c.get("readinessProbe", {}).get("httpGet", {}).get("path") != "/health":
+        problems.append(f"{where}: readiness must be /health (503 without a decoder and while draining)")
+    delay = float(flag_value(c["args"], "--drain-delay-s") or 5)
+    timeout = float(flag_value(c["args"], "--drain-timeout-s") or 60)
+    if pod["spec"].get("terminationGracePeriodSeconds", 30) < delay + timeout + 5:
+        problems.append(f"{where}: terminationGracePeriodSeconds must exceed --drain-delay-s {delay:g} s + "
+                        f"--drain-timeout-s {timeout:g} s")
+    return problems
+
+
 def pod_problems(where: str, pod: dict) -> list[str]:
     labels = pod["metadata"].get("labels", {})
     role = labels.get(ROLE)
@@ -130,8 +147,8 @@ def pod_problems(where: str, pod: dict) -> list[str]:
     for probe in ("readinessProbe", "livenessProbe"):
         if probe not in main:
             problems.append(f"{where}/{main['name']}: no {probe}")
-    if role == "proxy" and main.get("livenessProbe", {}).get("httpGet", {}).get("path") == "/health":
-        problems.append(f"{where}: the proxy's /health answers 503 without a decoder: not a liveness probe")
+    if role == "proxy":
+        problems += proxy_problems(f"{where}/{main['name']}", main, pod)
     if role in WORKER_ROLES:
         problems += worker_problems(f"{where}/{main['name']}", main, pod)
     return problems
