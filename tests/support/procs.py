@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,10 +25,39 @@ BIN = Path(sys.executable).parent
 HYBRID_PD = str(BIN / "hybrid-pd") if (BIN / "hybrid-pd").exists() else shutil.which("hybrid-pd")
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range, never handed out before in this process.
+
+    A port from the ephemeral range (what binding port 0 gives) can be taken as the source port of any
+    outgoing connection once its server is gone, and stays taken in TIME_WAIT for a minute: a worker restarted
+    on its own port then found its side-channel port "already in use" (CI, test_rejoin). Below the range only
+    listeners take ports.
+    """
+    low = _ephemeral_range()[0]
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class Launched(ChildProcess):
