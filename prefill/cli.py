@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import sys
 
 from hybrid_pd.prefill.aligned_block import AlignedBlockWatch
@@ -109,6 +110,11 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
         config = config_from_args(args, role)
         for w in config.warnings:
             print(f"[hybrid-pd] warning: {w}", file=sys.stderr)
+        if config.cpu_cores is not None:
+            # Every process the launcher starts inherits its cores from the first instruction: vLLM's own
+            # binding comes late (its worker), and until then `import torch` ran wherever the scheduler put it,
+            # once for minutes behind a busy decoder's spinning core.
+            os.sched_setaffinity(0, config.cpu_cores)
         watch = AlignedBlockWatch(config.max_model_len, config.checkpoint_every)
         child = ChildProcess(f"{role} worker", config.argv(), config.url, env=config.env(), log=sys.stdout,
                              on_line=watch.feed)

@@ -132,6 +132,7 @@ class WorkerConfig:
                                 f"{OWNED_VLLM_FLAGS[flag]} instead")
         if self.device == "cpu" and self.kv_cache_gib <= 0:
             problems.append("--kv-cache-gib must be > 0")
+        problems += self._check_cpu_bind()
         if self.device == "gpu" and not 0 < self.gpu_memory_utilization <= 1:
             problems.append("--gpu-memory-utilization must be in (0, 1]")
         if os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT", self.conv_state_layout) != self.conv_state_layout:
@@ -164,6 +165,29 @@ class WorkerConfig:
                 if not port_is_free(self.host, port):
                     problems.append(f"{flag} {port} is already in use on {self.host}: pick a free port")
         return problems
+
+    @property
+    def cpu_cores(self) -> set[int] | None:
+        """The cores of --cpu-bind (vLLM's VLLM_CPU_OMP_THREADS_BIND syntax: "0", "0-3,6", one list per TP rank
+        joined by "|"), or None: no binding ("auto", "nobind", a GPU worker). ValueError if it does not parse."""
+        if self.device != "cpu" or self.cpu_bind in (None, "", "auto", "nobind"):
+            return None
+        cores: set[int] = set()
+        for part in self.cpu_bind.replace("|", ",").split(","):
+            low, _, high = part.strip().partition("-")
+            cores.update(range(int(low), int(high or low) + 1))
+        return cores
+
+    def _check_cpu_bind(self) -> list[str]:
+        try:
+            cores = self.cpu_cores
+        except ValueError:
+            return [f"--cpu-bind {self.cpu_bind}: give cores like 0, 0-3 or 0-3,8 (auto: let vLLM choose)"]
+        allowed = os.sched_getaffinity(0)
+        if cores is not None and not cores <= allowed:
+            return [f"--cpu-bind {self.cpu_bind}: cores {sorted(cores - allowed)} are not available here (this "
+                    f"process may use {sorted(allowed)})"]
+        return []
 
     @property
     def peer_host(self) -> str:

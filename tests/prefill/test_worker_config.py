@@ -192,3 +192,15 @@ def test_checkpoint_every_keeps_mamba_states_at_every_boundary_and_ends_chunks_t
     assert "--checkpoint-every -1" in problems_of(hybrid_model, checkpoint_every=-1)
     assert "--checkpoint-every" in problems_of(hybrid_model, extra_vllm_args=("--prefix-cache-retention-interval",
                                                                               "512"))
+
+
+@pytest.mark.parametrize("bind, cores", [("0", {0}), ("0-1", {0, 1}), ("1,0", {0, 1}), ("0|1", {0, 1}),
+                                         ("auto", None), ("nobind", None)])
+def test_cpu_bind_names_the_cores_the_launcher_pins_itself_to(hybrid_model, bind, cores):
+    assert make(hybrid_model, cpu_bind=bind).cpu_cores == cores
+    assert make(hybrid_model, cpu_bind=bind, device="gpu").cpu_cores is None
+
+
+def test_cpu_bind_outside_this_machine_or_unparsable_is_refused(hybrid_model):
+    assert "are not available here" in problems_of(hybrid_model, cpu_bind="4096")
+    assert "give cores like 0, 0-3" in problems_of(hybrid_model, cpu_bind="zero")
