@@ -7,6 +7,7 @@ to `HandshakeError` here, the only place the connector touches ZMQ.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 
 import zmq
@@ -64,7 +65,10 @@ class SideChannelServer:
 
 
 def fetch_handshake(host: str, port: int, timeout_s: float = 5.0) -> bytes:
-    """Ask the worker at host:port for its handshake; HandshakeError if it does not answer in time."""
+    """Ask the worker at host:port for its handshake; HandshakeError if it does not answer in time, at once if
+    nothing listens there (ZMQ would retry a refused connection silently until the timeout: a dead prefiller
+    cost every decoder that asked 5 s before it computed the prompt itself)."""
+    _refuse_fast(host, port, min(timeout_s, 1.0))
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
@@ -81,3 +85,13 @@ def fetch_handshake(host: str, port: int, timeout_s: float = 5.0) -> bytes:
     if not data:
         raise HandshakeError(f"{host}:{port} is not a hybrid-pd side channel")
     return data
+
+
+def _refuse_fast(host: str, port: int, timeout_s: float) -> None:
+    """HandshakeError if host:port refuses a TCP connection; anything else (even a slow answer) is ZMQ's to judge."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except ConnectionRefusedError as e:
+        raise HandshakeError(f"no handshake from {host}:{port}: nothing listens there ({e})") from e
+    except OSError:
+        pass

@@ -46,10 +46,9 @@ def engines(launch, tiny_model, tiny_model_other_weights):
         "ref": ("decode", "none", "1", tiny_model, {}),
         "p": ("prefill", "hybrid", "0", tiny_model, {"HYBRID_PD_LEASE_S": "10"}),
         "p_other": ("prefill", "hybrid", "0", tiny_model_other_weights, {"HYBRID_PD_LEASE_S": "10"}),
-        "d": ("decode", "hybrid", "1", tiny_model, {"HYBRID_PD_READ_TIMEOUT_S": "10"}),
+        "d": ("decode", "hybrid", "1", tiny_model, {}),  # the launchers' deadlines (READ 30 s)
         # vLLM < 0.32's way of reporting loads (no per-request failure channel), forced on this release
-        "d_legacy": ("decode", "hybrid", "1", tiny_model, {"HYBRID_PD_READ_TIMEOUT_S": "10",
-                                                            "HYBRID_PD_TRANSFER_RESULTS": "legacy"}),
+        "d_legacy": ("decode", "hybrid", "1", tiny_model, {"HYBRID_PD_TRANSFER_RESULTS": "legacy"}),
     })
 
 
@@ -100,7 +99,8 @@ def test_dead_prefiller_means_recompute_within_the_deadline(engines, reference):
     start = time.monotonic()
     d_resp = complete(urls["d"], prompt, kv_transfer_params=p_resp["kv_transfer_params"])
     took = time.monotonic() - start
-    assert took < 30, f"D took {took:.1f} s"
+    # a dead peer refuses its side channel or fails the READ at once: D's own compute is the rest
+    assert took < 10, f"D took {took:.1f} s"
     # recomputed by D with the right weights: the dead prefiller's (other) weights left no trace
     assert d_resp["choices"][0]["text"] == reference["killed"]
     assert delta(before, d_metrics(urls["d"]))["hybrid_pd_failed_transfers_total"] == 1
@@ -108,8 +108,9 @@ def test_dead_prefiller_means_recompute_within_the_deadline(engines, reference):
     assert complete(urls["d"], "hello world", max_tokens=2)["choices"][0]["text"] is not None
 
 
-def test_restarted_prefiller_is_handshaken_again(engines, reference):
-    """A new prefiller (new engine id, same side-channel role) after the old one died: D simply pairs up."""
+def test_another_prefiller_after_one_died_is_handshaken(engines, reference):
+    """Another prefiller (new engine id, new ports) after the one D read from died: D simply pairs up. A
+    prefiller restarted on the same host:port under a new engine id: tests/e2e/test_chaos.py."""
     urls = engines.up("p", "d")
     before = d_metrics(urls["d"])
     _, d_resp = pd_complete(urls["p"], urls["d"], text_of(700, 700))

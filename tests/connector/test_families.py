@@ -30,7 +30,7 @@ def family(request, launch):
     engines = Engines(launch, {
         "ref": ("decode", "none", "1", model, {}),
         "p": ("prefill", "hybrid", "0", model, {"HYBRID_PD_LEASE_S": "10"}),
-        "d": ("decode", "hybrid", "1", model, {"HYBRID_PD_READ_TIMEOUT_S": "10"}),
+        "d": ("decode", "hybrid", "1", model, {}),
     })
     ref = engines.up("ref")["ref"]
     block = int(re.search(r"aligned block: (\d+) tokens", engines.logs["ref"].read_text()).group(1))

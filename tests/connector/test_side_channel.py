@@ -32,11 +32,12 @@ def test_many_decoders_at_once_all_get_the_handshake(server):
     assert got == [b"handshake-bytes"] * 64
 
 
-def test_nobody_listening_fails_within_the_timeout():
+def test_nobody_listening_fails_at_once_not_at_the_timeout():
+    """A dead peer's port refuses connections: that is known at once (ZMQ alone would retry until the timeout)."""
     start = time.monotonic()
-    with pytest.raises(HandshakeError, match="no handshake from 127.0.0.1"):
-        fetch_handshake("127.0.0.1", free_port(), 0.5)
-    assert time.monotonic() - start < 3
+    with pytest.raises(HandshakeError, match="nothing listens there"):
+        fetch_handshake("127.0.0.1", free_port(), 5.0)
+    assert time.monotonic() - start < 1
 
 
 def test_a_port_that_is_not_a_side_channel_fails_within_the_timeout():
