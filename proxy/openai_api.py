@@ -115,6 +115,7 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> OpenAIRequest:
     for name in ("max_tokens", "max_completion_tokens", "min_tokens"):
         _check_type(body, name, int)
     stream = bool(body.get("stream", False))
+    _check_output_fields(body, endpoint, stream)
     include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage", False))
     n = body.get("n", 1)
     if endpoint == "chat":
@@ -128,6 +129,39 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> OpenAIRequest:
         token_ids, chars, single = _parse_prompt(prompt)
     return OpenAIRequest(endpoint, body, stream, include_usage, chars, token_ids,
                          single and n in (1, None) and body.get("best_of") in (1, None), body.get("user"))
+
+
+def _check_output_fields(body: dict[str, Any], endpoint: Endpoint, stream: bool) -> None:
+    """Fields P never sees (they shape only the output) are judged by D alone, after P computed the prompt and
+    leased its blocks: the cheap part of D's judgement is made here, before P is called, in vLLM's words. Only
+    values vLLM refuses are refused (a value of another type is left to D, whose parser may coerce it)."""
+    n, best_of, min_tokens = _int(body, "n"), _int(body, "best_of"), _int(body, "min_tokens")
+    if body.get("stream_options") is not None and not stream:
+        raise BadRequest("Stream options can only be defined when `stream=True`.", param="stream_options")
+    if n is not None and n < 1:
+        raise BadRequest(f"n must be at least 1, got {n}.", param="n")
+    if best_of is not None and best_of < (n or 1):
+        raise BadRequest(f"best_of must be greater than or equal to n, got n={n or 1} and best_of={best_of}.",
+                         param="best_of")
+    cap = _int(body, "max_completion_tokens") if endpoint == "chat" else None
+    cap = _int(body, "max_tokens") if cap is None else cap
+    if min_tokens is not None and min_tokens < 0:
+        raise BadRequest(f"min_tokens must be greater than or equal to 0, got {min_tokens}.", param="min_tokens")
+    if min_tokens is not None and cap is not None and min_tokens > cap:
+        raise BadRequest(f"min_tokens must be less than or equal to max_tokens={cap}, got {min_tokens}.",
+                         param="min_tokens")
+    top = _int(body, "top_logprobs")
+    if endpoint == "chat" and top is not None and (top < 0 or not body.get("logprobs")):
+        raise BadRequest("when using `top_logprobs`, `logprobs` must be set to true and `top_logprobs` must "
+                         "be a non-negative integer.", param="top_logprobs")
+    logprobs = _int(body, "logprobs")
+    if endpoint == "completions" and logprobs is not None and logprobs < 0:
+        raise BadRequest("`logprobs` must be a non-negative value.", param="logprobs")
+
+
+def _int(body: dict[str, Any], name: str) -> int | None:
+    v = body.get(name)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _check_type(body: dict[str, Any], name: str, typ: type) -> None:

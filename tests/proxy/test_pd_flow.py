@@ -111,3 +111,29 @@ def test_models_health_metrics():
             assert metric_value(text, "hybrid_pd_proxy_stage_latency_seconds_count", stage="prefill") == 1
             assert metric_value(text, "hybrid_pd_proxy_stage_latency_seconds_count", stage="decode") == 1
     run(body())
+
+
+def test_fields_only_the_decoder_judges_are_refused_before_the_prefiller_computes_anything():
+    """P never sees output-only fields: a body D would refuse must not cost a prefill and a lease first."""
+    bad = [("completions", {"prompt": "abc", "stream_options": {"include_usage": True}}, "stream_options"),
+           ("completions", {"prompt": "abc", "min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+           ("completions", {"prompt": "abc", "min_tokens": -1}, "min_tokens"),
+           ("completions", {"prompt": "abc", "n": 0}, "n"),
+           ("completions", {"prompt": "abc", "n": 2, "best_of": 1}, "best_of"),
+           ("completions", {"prompt": "abc", "logprobs": -1}, "logprobs"),
+           ("chat", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+           ("chat", {"messages": [{"role": "user", "content": "hi"}], "min_tokens": 9,
+                     "max_completion_tokens": 3}, "min_tokens")]
+
+    async def body():
+        async with cluster() as c:
+            for endpoint, req, param in bad:
+                path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
+                status, answer, _ = await post(c.url, path, req)
+                assert status == 400 and answer["error"]["param"] == param, (req, answer)
+            assert c.p.generate_calls == [] and c.d.generate_calls == []
+            ok = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2,
+                  "min_tokens": 1, "max_completion_tokens": 3, "stream": True, "stream_options": {}}
+            status, _, _ = await sse(c.url, "/v1/chat/completions", ok)
+            assert status == 200
+    run(body())
