@@ -1,6 +1,6 @@
 """OpenAI-compatible PD routing proxy (`hybrid-pd proxy`): decode-first, cache- and hybrid-aware.
 
-    server.py            main(argv): flags/env/file -> ProxyConfig, uvloop, SIGTERM/SIGINT
+    server.py            main(argv): flags/env/file -> ProxyConfig, uvloop, SIGTERM/SIGINT (drain, then exit)
     config.py            the frozen, validated ProxyConfig;  config_sources.py: CLI < env < JSON file
     app.py               routes, the error boundary, serve_in_background(config)
     http_server.py       the HTTP/1.1 server: a protocol per client connection, llhttp (httptools) parsing
@@ -15,5 +15,7 @@
     kv_index.py          per-worker block hashes per KV-cache group; the usable hybrid hit
     block_hash.py        vLLM's prefix-cache block hashes, reproduced without vLLM
     disagg.py            remote prefill or not (short prompt, decoder already holds it)
-    workers.py, health.py, discovery_k8s.py, admission.py, metrics.py, background.py, state.py
+    discovery_k8s.py     Kubernetes EndpointSlices, listed then watched (polled when watches fail);
+                         endpointslices.py: slices -> workers (ready, terminating); k8s_api.py: list and watch
+    workers.py, health.py, admission.py, metrics.py, background.py, state.py
 """

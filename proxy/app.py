@@ -107,6 +107,7 @@ class ProxyApp:
         status = "draining" if self.draining else "ok" if ok else "no healthy decode worker"
         body = {"status": status, "admitted": counts,
                 "ejected": [w.url for w in state.pool.all() if not w.healthy],
+                "terminating": [w.url for w in state.pool.all() if w.terminating],
                 "kv_hashes_verified": state.kv_index.hashes_verified}
         request.respond(200 if ok else 503, _encoder.encode(body))
 

@@ -60,11 +60,13 @@ class Background:
             if task is not None:
                 task.cancel()
                 self.retired = [t for t in self.retired if not t.done()] + [task]
-            self.state.kv_index.drop(w.url)
+            self.state.kv_index.retire(w.url, w.identity)  # kept --kv-index-grace-s for the same worker back
             with contextlib.suppress(KeyError):
                 self.state.metrics.worker_healthy.remove(w.role, w.url)
 
     def _added(self, w: Worker) -> None:
+        if self.state.kv_index.revive(w.url, w.identity):
+            log.info("%s worker %s is back within --kv-index-grace-s: its KV index is kept", w.role, w.url)
         self.state.metrics.worker_healthy.labels(w.role, w.url).set(1 if w.healthy else 0)
         if w.events:
             if self._zmq is None:

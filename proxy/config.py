@@ -26,6 +26,11 @@ class WorkerSpec:
     terminating: bool = False  # going away but still serving: no new requests, nothing torn down
 
 
+def same_engine(a: str | None, b: str | None) -> bool:
+    """Two identities of the engine at one URL name the same engine unless both are known and differ."""
+    return a is None or b is None or a == b
+
+
 @dataclass(frozen=True)
 class Timeouts:
     connect_s: float = 5.0

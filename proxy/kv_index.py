@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hybrid_pd.prefill.worker_config import LAUNCHER_HASH_SEED
 
 from .block_hash import as_int_hash
-from .config import DEFAULT_NONE_HASH_SEED
+from .config import DEFAULT_NONE_HASH_SEED, same_engine
 from .hash_check import hash_granularity
 from .kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
@@ -128,12 +129,27 @@ def usable_hit_tokens(worker: WorkerKVIndex, specs: dict[int, GroupSpec], num_to
     return 0
 
 
+@dataclass
+class Retired:
+    index: WorkerKVIndex
+    identity: str | None
+    since: float
+
+
 class KVIndex:
     """Per-worker indexes keyed by worker URL, the KV-cache groups learned from all of them, and whether the
-    proxy's hashing reproduces theirs (hash_check.py)."""
+    proxy's hashing reproduces theirs (hash_check.py).
 
-    def __init__(self, algo: str = "sha256", seed: str = "vllm-none-hash") -> None:
+    A worker that leaves the pool (a readiness blip drops it from Kubernetes' ready endpoints) keeps its index
+    for `grace_s` seconds: the same worker back within it (same URL, and the same engine identity where known)
+    gets it again, with the KV events it missed counted as a gap; after it, or for another engine, it starts
+    empty. (vLLM's replay socket could fill the gap, but our launchers do not open one: kv_subscriber.py.)"""
+
+    def __init__(self, algo: str = "sha256", seed: str = "vllm-none-hash", grace_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.workers: dict[str, WorkerKVIndex] = {}
+        self.retired: dict[str, Retired] = {}
+        self.grace_s, self.clock = grace_s, clock
         self.specs: dict[int, GroupSpec] = {}
         self.algo, self.seed = algo, seed
         # with the default seed, the workers may be on a vLLM < 0.27 started by our launchers: try theirs too
@@ -179,6 +195,28 @@ class KVIndex:
 
     def drop(self, url: str) -> None:
         self.workers.pop(url, None)
+
+    def retire(self, url: str, identity: str | None) -> None:
+        """The worker left the pool: keep its index for grace_s seconds."""
+        self._expire()
+        index = self.workers.pop(url, None)
+        if index is not None and self.grace_s > 0:
+            self.retired[url] = Retired(index, identity, self.clock())
+
+    def revive(self, url: str, identity: str | None) -> bool:
+        """The worker (re)joined the pool: give it back its index if it left within grace_s seconds and is
+        the same engine; True when it did."""
+        self._expire()
+        old = self.retired.pop(url, None)
+        if old is None or not same_engine(old.identity, identity):
+            return False
+        self.workers[url] = old.index
+        return True
+
+    def _expire(self) -> None:
+        horizon = self.clock() - self.grace_s
+        for url in [u for u, r in self.retired.items() if r.since < horizon]:
+            del self.retired[url]
 
     def hit_tokens(self, url: str, num_tokens: int, hashes_for: Callable[[int], list[bytes]],
                    configured_hash_block_size: int = 0) -> int:

@@ -28,7 +28,7 @@ class ProxyState:
     @classmethod
     def build(cls, config: ProxyConfig) -> "ProxyState":
         metrics = ProxyMetrics()
-        kv_index = KVIndex(config.kv.hash_algo, config.kv.hash_seed)
+        kv_index = KVIndex(config.kv.hash_algo, config.kv.hash_seed, config.kv.grace_s)
         deps = Deps(kv_index, config.kv)
         pool = WorkerPool()
         pool.set_workers("prefill", config.prefill)

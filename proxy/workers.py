@@ -1,7 +1,9 @@
 """The worker pool: who serves which role, who is admitted (healthy), and how busy each one is.
 
-Discovery (static list or Kubernetes) replaces a role's worker list; a worker that stays keeps its state.
-Health checks and failed requests move a worker between admitted and ejected.
+Discovery (static list or Kubernetes) replaces a role's worker list; a worker that stays keeps its state (the
+same URL, KV-event endpoint and, where known, engine identity). Health checks and failed requests move a worker
+between admitted and ejected; a terminating one (Kubernetes: still serving, going away) is not admitted, but it
+stays: its requests in flight finish and its KV index follows its events.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .config import WorkerSpec
+from .config import WorkerSpec, same_engine
 
 Role = Literal["prefill", "decode"]
 log = logging.getLogger("hybrid_pd.proxy")
@@ -22,13 +24,16 @@ class Worker:
     url: str
     role: Role
     events: str | None = None
+    identity: str | None = None  # the engine's identity where discovery knows one (a pod UID)
+    terminating: bool = False  # takes no new requests
     healthy: bool = True
     in_flight: int = 0
     failures: int = 0  # consecutive failed health checks
     successes: int = 0  # consecutive good health checks while ejected
 
     def __repr__(self) -> str:
-        return f"Worker({self.role} {self.url}{'' if self.healthy else ' ejected'}, in_flight={self.in_flight})"
+        state = ("" if self.healthy else " ejected") + (" terminating" if self.terminating else "")
+        return f"Worker({self.role} {self.url}{state}, in_flight={self.in_flight})"
 
 
 Listener = Callable[[str, Worker], None]  # ("added" | "removed", worker)
@@ -47,11 +52,15 @@ class WorkerPool:
         new: list[Worker] = []
         for spec in specs:
             w = old.pop(spec.url, None)
-            if w is None or w.events != spec.events:
+            if w is None or w.events != spec.events or not same_engine(w.identity, spec.identity):
                 if w is not None:
                     self._emit("removed", w)
-                w = Worker(spec.url, role, spec.events)
+                w = Worker(spec.url, role, spec.events, spec.identity)
                 self._emit("added", w)
+            if w.terminating != spec.terminating:
+                log.info("%s worker %s %s", role, w.url, "is terminating: no new requests" if spec.terminating
+                         else "takes requests again")
+            w.terminating, w.identity = spec.terminating, w.identity or spec.identity
             new.append(w)
         for w in old.values():
             self._emit("removed", w)
@@ -63,7 +72,7 @@ class WorkerPool:
         return list(self._workers[role])
 
     def admitted(self, role: Role) -> list[Worker]:
-        return [w for w in self._workers[role] if w.healthy]
+        return [w for w in self._workers[role] if w.healthy and not w.terminating]
 
     def eject(self, w: Worker, why: str) -> None:
         if w.healthy:

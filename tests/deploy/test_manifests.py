@@ -55,7 +55,7 @@ def test_policy_checks_catch_a_broken_manifest(rendered):
     proxy["spec"]["terminationGracePeriodSeconds"] = 30
     by_kind(docs, "PodDisruptionBudget")["hybrid-pd-proxy"]["spec"] = {
         "minAvailable": 1, "selector": {"matchLabels": {ROLE: "proxy"}}}
-    by_kind(docs, "Role")["hybrid-pd-proxy-discovery"]["rules"][0]["verbs"].append("watch")
+    by_kind(docs, "Role")["hybrid-pd-proxy-discovery"]["rules"][0]["verbs"].append("get")
     by_kind(docs, "NetworkPolicy")["hybrid-pd-workers"]["spec"]["ingress"][0]["from"] = [{"podSelector": {}}]
     problems = policy_problems(docs)
     assert any("not a liveness probe" in p for p in problems)
@@ -123,7 +123,7 @@ def test_proxy_discovers_only_its_own_release(rendered, monkeypatch):
     instance = pod["metadata"]["labels"][INSTANCE]
     cfg = load_config(expand(c["args"], {"POD_NAMESPACE": "serving", "INSTANCE": instance}), env={})
     assert cfg.discovery == "k8s" and cfg.k8s.namespace == "serving"
-    services = by_kind(docs, "Service").values()
+    services = by_kind(docs, "Service").values()  # the EndpointSlice controller copies a Service's labels
     for role, selector in (("prefill", cfg.k8s.prefill_selector), ("decode", cfg.k8s.decode_selector)):
         wanted = dict(kv.split("=") for kv in selector.split(","))
         found = [s for s in services if selects(wanted, s["metadata"]["labels"])]

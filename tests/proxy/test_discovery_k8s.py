@@ -1,134 +1,167 @@
-"""Kubernetes discovery against a fake API server (an aiohttp app on 127.0.0.1)."""
+"""Kubernetes discovery on EndpointSlices against a fake API server (tests/proxy/fake_k8s_api.py): what one list
+finds, and a 200-pod fleet followed through its watch (terminating, deleted, a dropped watch, 410 Gone, a
+cluster that refuses watches)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiohttp
-from aiohttp import web
 
 from hybrid_pd.proxy.app import serve_in_background
-from hybrid_pd.proxy.config import ProxyConfig
+from hybrid_pd.proxy.config import K8sConfig, ProxyConfig, WorkerSpec
 from hybrid_pd.proxy.discovery_k8s import DiscoveryError, K8sDiscovery
-from hybrid_pd.proxy.config import K8sConfig, WorkerSpec
-from tests.proxy.fakes import FakeWorker, run
+from hybrid_pd.proxy.endpointslices import merge
+from tests.proxy.fake_k8s_api import FakeK8sAPI, endpoint, endpoint_slice
+from tests.proxy.fakes import run
+
+DECODE = "app.kubernetes.io/instance=hybrid-pd,hybrid-pd/role=decode"
+PREFILL = "app.kubernetes.io/instance=hybrid-pd,hybrid-pd/role=prefill"
 
 
-def endpoints(ip_ports: list[tuple[str, int, int | None]], not_ready: list[str] = ()) -> dict:
-    subsets = []
-    for ip, http, events in ip_ports:
-        ports = [{"name": "http", "port": http, "protocol": "TCP"}]
-        if events is not None:
-            ports.append({"name": "kv-events", "port": events, "protocol": "TCP"})
-        subsets.append({"addresses": [{"ip": ip}], "notReadyAddresses": [{"ip": x} for x in not_ready],
-                        "ports": ports})
-    return {"kind": "Endpoints", "subsets": subsets}
-
-
-class FakeAPI:
-    def __init__(self) -> None:
-        self.services: dict[str, list[str]] = {}  # role -> service names
-        self.endpoints: dict[str, dict] = {}
-        self.requests: list[tuple[str, str, str | None]] = []
-        self.fail = False
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/api/v1/namespaces/{ns}/services", self._services)
-        app.router.add_get("/api/v1/namespaces/{ns}/endpoints/{name}", self._endpoints)
-        return app
-
-    async def _services(self, request: web.Request) -> web.Response:
-        self.requests.append((request.path, request.query.get("labelSelector", ""),
-                              request.headers.get("Authorization")))
-        if self.fail:
-            return web.json_response({"kind": "Status", "code": 500}, status=500)
-        role = request.query["labelSelector"].split("=")[-1]
-        items = [{"metadata": {"name": n, "labels": {"hybrid-pd/role": role}}} for n in self.services.get(role, [])]
-        return web.json_response({"kind": "ServiceList", "items": items})
-
-    async def _endpoints(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        if name not in self.endpoints:
-            return web.json_response({"kind": "Status", "code": 404}, status=404)
-        return web.json_response(self.endpoints[name])
-
-
-async def start(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-
-def test_lists_ready_endpoints_of_labelled_services(tmp_path):
+def test_one_list_maps_conditions_ports_and_identities(tmp_path):
     async def body():
-        api = FakeAPI()
-        api.services = {"decode": ["dec-a", "dec-b"], "prefill": ["pre"]}
-        api.endpoints = {"dec-a": endpoints([("10.0.0.2", 8200, 5710), ("10.0.0.1", 8200, 5710)], ["10.0.0.9"]),
-                         "dec-b": endpoints([("fd00::5", 8200, None)]),
-                         "pre": endpoints([("10.0.1.1", 8100, 5700)])}
+        api = FakeK8sAPI()
+        url = await api.start()
+        api.put(endpoint_slice("dec-a", "decode", [
+            endpoint("10.0.0.2"), endpoint("10.0.0.1", uid="pod-1"),
+            endpoint("10.0.0.3", ready=False, serving=True, terminating=True),  # draining: kept, no new requests
+            endpoint("10.0.0.4", ready=False, serving=False, terminating=True),  # gone
+            endpoint("10.0.0.5", ready=False)]))  # not ready (a readiness blip): not a worker now
+        api.put(endpoint_slice("dec-b", "decode", [endpoint("fd00::5")], events=None))
+        api.put(endpoint_slice("dec-other", "decode", [endpoint("10.9.9.9")], instance="team-b"))
+        api.put(endpoint_slice("pre", "prefill", [endpoint("10.0.1.1")], http=8100, events=5700))
         token = tmp_path / "token"
         token.write_text("secret\n")
-        runner, url = await start(api.app())
         try:
             cfg = K8sConfig(api_url=url, namespace="serving", token_file=str(token))
             async with aiohttp.ClientSession() as s:
                 d = K8sDiscovery(cfg, s)
-                assert await d.workers("hybrid-pd/role=decode") == [
-                    WorkerSpec("http://10.0.0.1:8200", "tcp://10.0.0.1:5710"),
-                    WorkerSpec("http://10.0.0.2:8200", "tcp://10.0.0.2:5710"),
-                    WorkerSpec("http://[fd00::5]:8200", None)]
-                assert api.requests[0] == ("/api/v1/namespaces/serving/services", "hybrid-pd/role=decode",
-                                           "Bearer secret")
-                api.fail = True
+                assert await d.workers(DECODE) == [
+                    WorkerSpec("http://10.0.0.1:8200", "tcp://10.0.0.1:5710", identity="pod-1"),
+                    WorkerSpec("http://10.0.0.2:8200", "tcp://10.0.0.2:5710", identity="uid-10.0.0.2"),
+                    WorkerSpec("http://10.0.0.3:8200", "tcp://10.0.0.3:5710", identity="uid-10.0.0.3",
+                               terminating=True),
+                    WorkerSpec("http://[fd00::5]:8200", None, identity="uid-fd00::5")]
+                path, query = api.requests[0]
+                assert path == "/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices"
+                assert query == {"labelSelector": DECODE}
+                api.fail_lists = True
                 try:
-                    await d.workers("hybrid-pd/role=decode")
+                    await d.workers(DECODE)
                     raise AssertionError("a failing API must raise DiscoveryError")
                 except DiscoveryError as e:
                     assert "HTTP 500" in str(e)
         finally:
-            await runner.cleanup()
+            await api.stop()
     run(body())
 
 
-def test_proxy_follows_discovery():
-    async def body():
-        api = FakeAPI()
-        d1, d2, p = FakeWorker("decode"), FakeWorker("decode"), FakeWorker("prefill")
-        for w in (d1, d2, p):
-            await w.start()
-        def eps(w):
-            host, port = w.url.removeprefix("http://").split(":")
-            return endpoints([(host, int(port), None)])
-        api.services = {"decode": ["dec"], "prefill": ["pre"]}
-        api.endpoints = {"dec": eps(d1), "pre": eps(p)}
-        runner, url = await start(api.app())
-        config = ProxyConfig.from_flat({"port": 0, "discovery": "k8s", "k8s_api_url": url, "health_interval": 0,
-                                        "k8s_poll_interval_s": 0.05, "k8s_token_file": "/nonexistent"})
-        try:
-            async with serve_in_background(config) as proxy:
-                pool = proxy.state.pool
+def test_a_ready_copy_wins_over_a_terminating_one_in_another_slice():
+    a = endpoint_slice("a", "decode", [endpoint("10.0.0.1", ready=False, serving=True, terminating=True)])
+    b = endpoint_slice("b", "decode", [endpoint("10.0.0.1")])
+    assert [w.terminating for w in merge([a, b])] == [False]
+    assert [w.terminating for w in merge([b, a])] == [False]
 
-                async def until(urls):
-                    while [w.url for w in pool.all("decode")] != urls:
-                        await asyncio.sleep(0.01)
-                await asyncio.wait_for(until([d1.url]), 5)
-                assert [w.url for w in pool.all("prefill")] == [p.url]
-                async with aiohttp.ClientSession() as s:
-                    async with s.post(proxy.url + "/v1/completions", json={"prompt": "x"}) as r:
-                        assert r.status == 200
-                assert len(d1.generate_calls) == 1 and len(p.generate_calls) == 1
-                api.endpoints["dec"] = eps(d2)  # the decoder pod was replaced
-                await asyncio.wait_for(until([d2.url]), 5)
-                api.fail = True  # the API goes away: the last known workers stay
-                n = len(api.requests)
-                while len(api.requests) < n + 2:
-                    await asyncio.sleep(0.01)
-                assert [w.url for w in pool.all("decode")] == [d2.url]
+
+def fleet_slices(n_slices: int = 4, per_slice: int = 50) -> list[dict]:
+    """200 decode pods in 4 slices (no KV-event port: nothing to subscribe to at these addresses)."""
+    return [endpoint_slice(f"dec-{i}", "decode", [endpoint(f"10.1.{i}.{j}") for j in range(per_slice)], events=None)
+            for i in range(n_slices)]
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async def poll() -> None:
+        while not check():
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(poll(), timeout_s)
+
+
+def n_lists(api: FakeK8sAPI) -> int:
+    return sum(1 for _, q in api.requests if "watch" not in q)
+
+
+def proxy_config(url: str, **extra) -> ProxyConfig:
+    return ProxyConfig.from_flat({"port": 0, "discovery": "k8s", "k8s_api_url": url, "health_interval": 0,
+                                  "k8s_token_file": "/nonexistent", "k8s_decode_selector": DECODE,
+                                  "k8s_prefill_selector": PREFILL, "k8s_poll_interval_s": 0.2, **extra})
+
+
+def test_a_200_pod_fleet_followed_through_its_watch():
+    async def body():
+        api = FakeK8sAPI()
+        url = await api.start()
+        slices = fleet_slices()
+        for s in slices:
+            api.put(s)
+        try:
+            async with serve_in_background(proxy_config(url)) as proxy:
+                pool = proxy.state.pool
+                await until(lambda: len(pool.all("decode")) == 200)
+                assert len(pool.admitted("decode")) == 200
+                lists = n_lists(api)
+                first = pool.all("decode")[0]
+
+                # one pod terminating (still serving): in the pool, not admitted, the same Worker object
+                slices[0]["endpoints"][7] = endpoint("10.1.0.7", ready=False, serving=True, terminating=True)
+                api.put(slices[0])
+                await until(lambda: len(pool.admitted("decode")) == 199)
+                gone = [w for w in pool.all("decode") if w.terminating]
+                assert [w.url for w in gone] == ["http://10.1.0.7:8200"] and len(pool.all("decode")) == 200
+                assert gone[0].healthy and pool.all("decode")[0] is first
+
+                # one pod deleted: it disappears; a whole slice deleted: its 50 do
+                del slices[1]["endpoints"][3]
+                api.put(slices[1])
+                await until(lambda: len(pool.all("decode")) == 199)
+                assert "http://10.1.1.3:8200" not in {w.url for w in pool.all("decode")}
+                api.delete("dec-2")
+                await until(lambda: len(pool.all("decode")) == 149)
+                api.bookmark()
+
+                # the watch drops (cleanly, then abruptly): a change made meanwhile still arrives
+                api.drop_watches()
+                api.put(endpoint_slice("dec-2", "decode", [endpoint("10.1.2.0")], events=None))
+                await until(lambda: len(pool.all("decode")) == 150)
+                assert n_lists(api) == lists  # renewed from its resourceVersion, not listed again
+                api.drop_watches(abrupt=True)
+                api.put(endpoint_slice("dec-2", "decode", [endpoint("10.1.2.0"), endpoint("10.1.2.1")], events=None))
+                await until(lambda: len(pool.all("decode")) == 151)
+                assert n_lists(api) == lists + 2  # a failed watch: one poll round per role, then a watch again
+
+                # 410 Gone (the history was compacted): listed again at once, then watched
+                api.expire()
+                api.put(endpoint_slice("dec-4", "decode", [endpoint("10.1.4.0")], events=None))
+                await until(lambda: len(pool.all("decode")) == 152)
+                assert n_lists(api) == lists + 4
+                api.put(endpoint_slice("dec-5", "decode", [endpoint("10.1.5.0")], events=None))
+                await until(lambda: len(pool.all("decode")) == 153)
+                assert n_lists(api) == lists + 4  # through the new watch
+                watches = [q for _, q in api.requests if "watch" in q]
+                assert all(q["allowWatchBookmarks"] == "true" and q["resourceVersion"] for q in watches)
+                assert len(pool.all("prefill")) == 0
         finally:
-            await runner.cleanup()
-            for w in (d1, d2, p):
-                await w.stop()
+            await api.stop()
+    run(body(), timeout=30)
+
+
+def test_a_cluster_that_refuses_watches_is_polled():
+    async def body():
+        api = FakeK8sAPI()
+        api.refuse_watch = 403
+        url = await api.start()
+        api.put(endpoint_slice("dec", "decode", [endpoint("10.0.0.1")], events=None))
+        try:
+            async with serve_in_background(proxy_config(url)) as proxy:
+                pool = proxy.state.pool
+                await until(lambda: [w.url for w in pool.all("decode")] == ["http://10.0.0.1:8200"])
+                api.put(endpoint_slice("dec", "decode", [endpoint("10.0.0.2")], events=None))
+                await until(lambda: [w.url for w in pool.all("decode")] == ["http://10.0.0.2:8200"])
+                api.fail_lists = True  # the API goes away as well: the last known workers stay
+                n = len(api.requests)
+                await until(lambda: len(api.requests) >= n + 4)
+                assert [w.url for w in pool.all("decode")] == ["http://10.0.0.2:8200"]
+        finally:
+            await api.stop()
     run(body())

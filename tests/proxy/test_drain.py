@@ -107,8 +107,13 @@ def test_sigterm_drains_streams_serves_the_window_then_refuses_and_exits_0():
             in_flight, in_flight_task = await start_stream(s, url)
             proxy.send_signal(signal.SIGTERM)
             t0 = time.monotonic()
-            async with s.get(url + "/health") as r:
-                assert r.status == 503 and (await r.json())["status"] == "draining"
+            while True:  # the signal reaches the proxy's loop a moment later
+                async with s.get(url + "/health") as r:
+                    if r.status == 503:
+                        assert (await r.json())["status"] == "draining"
+                        break
+                await asyncio.sleep(0.01)
+            assert time.monotonic() - t0 < 0.5
             async with s.get(url + "/livez") as r:
                 assert r.status == 200
             during, during_task = await start_stream(s, url)  # a request inside the drain window is served

@@ -111,7 +111,7 @@ def worker_problems(where: str, c: dict, pod: dict) -> list[str]:
     pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
     sleep = int(pre_stop[1]) if pre_stop[:1] == ["sleep"] else 0
     if sleep < 10:
-        problems.append(f"{where}: needs a preStop sleep >= 10 s (endpoint removal, the proxy's discovery poll)")
+        problems.append(f"{where}: needs a preStop sleep >= 10 s (while the endpoint's removal propagates)")
     if spec.get("terminationGracePeriodSeconds", 30) < sleep + shutdown + 5:
         problems.append(f"{where}: terminationGracePeriodSeconds must exceed preStop {sleep} s + "
                         f"--shutdown-timeout {shutdown} s")
@@ -186,10 +186,10 @@ def release_problems(docs: list[dict]) -> list[str]:
     for name, svc in services.items():
         if INSTANCE not in svc["spec"]["selector"] or INSTANCE not in svc["metadata"].get("labels", {}):
             problems.append(f"Service {name}: selector and labels must carry {INSTANCE}")
-    rules = [(tuple(r["resources"]), tuple(r["verbs"])) for role in by_kind(docs, "Role").values()
-             for r in role["rules"]]
-    if sorted(rules) != [(("endpoints",), ("get",)), (("services",), ("list",))]:
-        problems.append(f"Role grants {rules}: discovery lists services and gets endpoints, nothing else")
+    rules = [(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])))
+             for role in by_kind(docs, "Role").values() for r in role["rules"]]
+    if rules != [(("discovery.k8s.io",), ("endpointslices",), ("list", "watch"))]:
+        problems.append(f"Role grants {rules}: discovery lists and watches endpointslices, nothing else")
     return problems
 
 
