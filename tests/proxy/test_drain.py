@@ -104,7 +104,7 @@ def test_sigterm_drains_streams_serves_the_window_then_refuses_and_exits_0():
 
     async def body(proxy: subprocess.Popen, url: str) -> None:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
-            in_flight, in_flight_task = await start_stream(s, url)
+            _, in_flight_task = await start_stream(s, url)
             proxy.send_signal(signal.SIGTERM)
             t0 = time.monotonic()
             while True:  # the signal reaches the proxy's loop a moment later
@@ -113,19 +113,19 @@ def test_sigterm_drains_streams_serves_the_window_then_refuses_and_exits_0():
                         assert (await r.json())["status"] == "draining"
                         break
                 await asyncio.sleep(0.01)
-            assert time.monotonic() - t0 < 0.5
+            assert time.monotonic() - t0 < 1.0
             async with s.get(url + "/livez") as r:
                 assert r.status == 200
-            during, during_task = await start_stream(s, url)  # a request inside the drain window is served
+            _, during_task = await start_stream(s, url)  # a request inside the drain window is served
             while not refused(url):
                 await asyncio.sleep(0.05)
             closed_after = time.monotonic() - t0
-            assert delay_s - 0.2 <= closed_after <= delay_s + 1.0, closed_after
+            assert delay_s - 0.2 <= closed_after <= delay_s + 2.0, closed_after
             for events in (await in_flight_task, await during_task):
                 assert len(events) == tokens + 1 and events[-1] == "[DONE]", events[-3:]
                 assert all("choices" in json.loads(e) for e in events[:-1])
             assert await exit_code(proxy, 5) == 0
-            assert time.monotonic() - t0 < delay_s + 4.0
+            assert time.monotonic() - t0 < delay_s + 6.0  # the streams' 2 s, not the 10 s timeout
 
     with fleet(tokens, 100, "--drain-delay-s", str(delay_s), "--drain-timeout-s", "10") as (proxy, url):
         asyncio.run(asyncio.wait_for(body(proxy, url), 30))
@@ -134,7 +134,7 @@ def test_sigterm_drains_streams_serves_the_window_then_refuses_and_exits_0():
 def test_a_stream_past_the_drain_timeout_is_cut_with_an_openai_error_event():
     async def body(proxy: subprocess.Popen, url: str) -> None:
         async with aiohttp.ClientSession() as s:
-            stream, task = await start_stream(s, url)
+            _, task = await start_stream(s, url)
             proxy.send_signal(signal.SIGTERM)
             t0 = time.monotonic()
             events = await asyncio.wait_for(task, 10)  # the chunked body ends properly
@@ -143,7 +143,7 @@ def test_a_stream_past_the_drain_timeout_is_cut_with_an_openai_error_event():
             assert error["code"] == "shutting_down" and error["type"] == "service_unavailable"
             assert "--drain-timeout-s" in error["message"]
             assert await exit_code(proxy, 5) == 0
-            assert 0.9 <= time.monotonic() - t0 < 4.0
+            assert 0.9 <= time.monotonic() - t0 < 6.0
 
     with fleet(200, 50, "--drain-delay-s", "0", "--drain-timeout-s", "1") as (proxy, url):
         asyncio.run(asyncio.wait_for(body(proxy, url), 30))
@@ -152,7 +152,7 @@ def test_a_stream_past_the_drain_timeout_is_cut_with_an_openai_error_event():
 def test_a_second_signal_stops_at_once():
     async def body(proxy: subprocess.Popen, url: str) -> None:
         async with aiohttp.ClientSession() as s:
-            stream, task = await start_stream(s, url)
+            _, task = await start_stream(s, url)
             proxy.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.3)
             assert not refused(url)  # still in its 30 s drain window
