@@ -56,21 +56,26 @@ class K8sDiscovery:
     async def follow(self, role: Role, selector: str, state: ProxyState) -> None:
         """Keep `role`'s workers in the pool equal to what the selector's slices name; until cancelled."""
         while True:
+            fresh = False  # watching from the list's own resourceVersion, no event yet
             try:
                 items, rv = await self.api.list(self.path, selector)
                 slices = _by_name(items)
                 publish(state, role, self.specs(slices))
+                fresh = True
                 while True:
                     started, events = time.monotonic(), 0
                     async for kind, obj in self.api.watch(self.path, selector, rv):
-                        events += 1
+                        events, fresh = events + 1, False
                         rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                         if _apply(slices, kind, obj):
                             publish(state, role, self.specs(slices))
                     if not events and time.monotonic() - started < QUICK_WATCH_S:
                         raise DiscoveryError("the watch ended at once with no event")
+                    fresh = False
             except WatchExpired as e:
                 log.info("Kubernetes discovery of %s workers: %s; listing again", role, e)
+                if fresh:  # the list's own resourceVersion was too old: no busy loop of lists
+                    await asyncio.sleep(self.cfg.poll_interval_s)
             except DiscoveryError as e:
                 log.warning("Kubernetes discovery of %s workers failed, keeping the last known ones; polling every "
                             "%g s until a watch holds: %s", role, self.cfg.poll_interval_s, e)

@@ -87,8 +87,8 @@ class FakeK8sAPI:
         self._send(("BOOKMARK", {"kind": "EndpointSlice", "metadata": {"resourceVersion": str(self.rv)}}))
 
     def expire(self) -> None:
-        """Compaction: watches from any resourceVersion seen so far get 410 Gone; open ones an ERROR event."""
-        self.oldest_rv = self.rv + 1
+        """Compaction: watches from before the current resourceVersion get 410 Gone; open ones an ERROR event."""
+        self.oldest_rv = self.rv
         self._send(("ERROR", {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
                               "reason": "Expired", "message": "too old resource version"}))
 

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 import aiohttp
+import pytest
 
 from hybrid_pd.proxy.app import serve_in_background
 from hybrid_pd.proxy.config import K8sConfig, ProxyConfig, WorkerSpec
@@ -146,10 +147,11 @@ def test_a_200_pod_fleet_followed_through_its_watch():
     run(body(), timeout=30)
 
 
-def test_a_cluster_that_refuses_watches_is_polled():
+@pytest.mark.parametrize("status", [403, 410])  # forbidden; or Gone for every resourceVersion (no busy loop)
+def test_a_cluster_that_refuses_watches_is_polled(status):
     async def body():
         api = FakeK8sAPI()
-        api.refuse_watch = 403
+        api.refuse_watch = status
         url = await api.start()
         api.put(endpoint_slice("dec", "decode", [endpoint("10.0.0.1")], events=None))
         try:
@@ -158,6 +160,9 @@ def test_a_cluster_that_refuses_watches_is_polled():
                 await until(lambda: [w.url for w in pool.all("decode")] == ["http://10.0.0.1:8200"])
                 api.put(endpoint_slice("dec", "decode", [endpoint("10.0.0.2")], events=None))
                 await until(lambda: [w.url for w in pool.all("decode")] == ["http://10.0.0.2:8200"])
+                n = n_lists(api)
+                await asyncio.sleep(1.0)
+                assert n_lists(api) - n <= 2 * (1.0 / 0.2 + 1)  # per role, one list per --k8s-poll-interval-s
                 api.fail_lists = True  # the API goes away as well: the last known workers stay
                 n = len(api.requests)
                 await until(lambda: len(api.requests) >= n + 4)
