@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = ["HybridPDConnector"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name == "HybridPDConnector":
         from hybrid_pd.connector.vllm_glue import HybridPDConnector
 

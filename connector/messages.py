@@ -42,7 +42,7 @@ class Handshake(msgspec.Struct, frozen=True):
     regions: list[Region]
     mem_type: str = "DRAM"
 
-    def check_compatible(self, local: "Handshake") -> None:
+    def check_compatible(self, local: Handshake) -> None:
         """Raise IncompatiblePeer unless this (remote) handshake can feed `local` block for block."""
         problems = []
         if self.version != local.version:
@@ -114,11 +114,11 @@ class Notification(msgspec.Struct, frozen=True, tag_field="kind"):
     version: int = PROTOCOL_VERSION
 
 
-class Done(Notification, tag="done"):
+class Done(Notification, tag="done", frozen=True):
     """D read everything it needed."""
 
 
-class Rejected(Notification, tag="rejected"):
+class Rejected(Notification, tag="rejected", frozen=True):
     """D will not read (failed, aborted, or held the prefix itself)."""
 
     reason: str = ""

@@ -10,6 +10,7 @@ interpreter start whenever NIXL_PTHR_DELAY_US is set: vLLM's engine-core process
 from __future__ import annotations
 
 import os
+from typing import Any
 
 _installed = False
 
@@ -29,7 +30,7 @@ def install(delay_us: int | None = None) -> bool:
     base = api.nixlBind.nixlAgentConfig
 
     class DelayedAgentConfig(base):  # type: ignore[misc, valid-type]
-        def __setattr__(self, name, value):
+        def __setattr__(self, name: str, value: Any) -> None:
             if name == "pthrDelay":
                 value = max(int(value), delay)
             super().__setattr__(name, value)

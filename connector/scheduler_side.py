@@ -58,6 +58,11 @@ class SchedulerSide:
     def ship_checkpoints(self) -> bool:
         return self._ship and self.store is not None
 
+    @property
+    def _store(self) -> CheckpointStore:
+        assert self.store is not None, "checkpoints are pinned or reserved only when ship_checkpoints"
+        return self.store
+
     # ---- P ----------------------------------------------------------------------------------------------
     def on_new_request(self, request: Any) -> None:
         """P: compute N-1 prompt tokens; D recomputes the last one from the state after N-1."""
@@ -102,7 +107,7 @@ class SchedulerSide:
             boundary = num_tokens // spec.block_size * spec.block_size
             if spec.kind != "mamba" or not 0 < boundary < num_tokens:
                 continue
-            pinned = self.store.pin(request, g, boundary)
+            pinned = self._store.pin(request, g, boundary)
             if pinned is not None:
                 block, tokens = pinned
                 refs.append(CheckpointRef(g, block, tokens))
@@ -159,15 +164,15 @@ class SchedulerSide:
 
     def _release(self, checkpoints: Sequence[Checkpoint]) -> None:
         if checkpoints:
-            self.store.release([c.local_block for c in checkpoints])
+            self._store.release([c.local_block for c in checkpoints])
 
     def _reserve_checkpoints(self, remote: RemotePrefill, hit: int, num_tokens: int) -> list[Checkpoint]:
-        out = []
+        out: list[Checkpoint] = []
         if not self.ship_checkpoints:
             return out
         for ref in remote.checkpoints:
             if hit < ref.tokens < num_tokens and ref.group < len(self.groups):
-                local = self.store.reserve(ref.group)
+                local = self._store.reserve(ref.group)
                 if local is not None:
                     out.append(Checkpoint(ref.group, ref.block, local, ref.tokens))
         return out
@@ -199,14 +204,14 @@ class SchedulerSide:
         for req_id in finished_sending:
             blocks = self._pinned.pop(req_id, None)
             if blocks:
-                self.store.release(blocks)
+                self._store.release(blocks)
         for req_id in finished_recving:
             self._loading.pop(req_id, None)
             request, checkpoints = self._landing.pop(req_id, (None, []))
             for cp in checkpoints:
                 if req_id not in failed_recving:
                     try:
-                        self.store.register(request, cp.group, cp.local_block, cp.tokens)
+                        self._store.register(request, cp.group, cp.local_block, cp.tokens)
                     except ConnectorError as e:
                         log.warning("request %s: checkpoint not registered: %s", req_id, e)
-                self.store.release([cp.local_block])
+                self._store.release([cp.local_block])

@@ -69,8 +69,7 @@ def fetch_handshake(host: str, port: int, timeout_s: float = 5.0) -> bytes:
     nothing listens there (ZMQ would retry a refused connection silently until the timeout: a dead prefiller
     cost every decoder that asked 5 s before it computed the prompt itself)."""
     _refuse_fast(host, port, min(timeout_s, 1.0))
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.REQ)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
     sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))

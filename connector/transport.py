@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from hybrid_pd.connector.errors import ConfigurationError, TransportError
@@ -115,7 +115,7 @@ class NixlTransport:
         self.name, self.mem_type = name, mem_type
         self._registered: list[Any] = []
 
-    def _call(self, what: str, fn, *args):
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
         except TransportError:
@@ -139,7 +139,7 @@ class NixlTransport:
     def remove_peer(self, peer: str) -> None:
         self._call("remove_remote_agent", self.agent.remove_remote_agent, peer)
 
-    def _dlist(self, rows: list[tuple[int, int, int]]):
+    def _dlist(self, rows: list[tuple[int, int, int]]) -> Any:
         import numpy as np
 
         return self._call("get_xfer_descs", self.agent.get_xfer_descs,
@@ -189,7 +189,7 @@ class InMemoryTransport:
     `fail_reads` makes every READ fail at poll; `stall_reads` makes them never complete (deadline tests).
     """
 
-    _fabric: dict[str, "InMemoryTransport"] = {}
+    _fabric: dict[str, InMemoryTransport] = {}
     _lock = threading.Lock()
     _ids = itertools.count()
 

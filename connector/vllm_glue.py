@@ -12,7 +12,11 @@ import os
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorWorkerMetadata, SupportsHMA,
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.v1.core.kv_cache_utils import resolve_block_hashes
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
@@ -40,7 +44,7 @@ class FailedLoads(KVConnectorWorkerMetadata):
     def __init__(self, request_ids: set[str]):
         self.request_ids = set(request_ids)
 
-    def aggregate(self, other: KVConnectorWorkerMetadata) -> "FailedLoads":
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> FailedLoads:
         self.request_ids |= getattr(other, "request_ids", set())
         return self
 
@@ -128,7 +132,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         self._failed_loads: set[str] = set()
         self.sched: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
-        self._server = None
+        self._server: Any = None  # the SideChannelServer (imported with NIXL, on the worker side only)
         if role == KVConnectorRole.SCHEDULER:
             self.sched = SchedulerSide(engine_id=self.engine_id, host=self.host, port=self.port,
                                        groups=self.groups, lease_s=lease_s,
@@ -148,6 +152,11 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         return True
 
     # ---- scheduler side ---------------------------------------------------------------------------------
+    @property
+    def _sched(self) -> SchedulerSide:
+        assert self.sched is not None, "vLLM calls the scheduler-side methods on the scheduler's connector only"
+        return self.sched
+
     def bind_gpu_block_pool(self, gpu_block_pool) -> None:
         if self.sched is not None:
             self.sched.store = BlockPoolCheckpoints(gpu_block_pool, self.groups)
@@ -156,25 +165,25 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         return tuple(range(len(self.groups)))
 
     def on_new_request(self, request) -> None:
-        self.sched.on_new_request(request)
+        self._sched.on_new_request(request)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
-        return self.sched.get_num_new_matched_tokens(request, num_computed_tokens)
+        return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
-        self.sched.update_state_after_alloc(request, blocks.get_block_ids(), num_external_tokens)
+        self._sched.update_state_after_alloc(request, blocks.get_block_ids(), num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
-        return HybridPDMetadata(self.sched.build_meta())
+        return HybridPDMetadata(self._sched.build_meta())
 
     def update_connector_output(self, connector_output) -> None:
         # vLLM calls this before it acts on finished_recving, so a failed load can still be rewound
         failed = set(getattr(connector_output, "failed_recving", None) or ())
         legacy = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(legacy, FailedLoads) and legacy.request_ids:
-            self.sched.rewind_failed_loads(legacy.request_ids)
+            self._sched.rewind_failed_loads(legacy.request_ids)
             failed |= legacy.request_ids
-        self.sched.on_transfer_results(set(connector_output.finished_sending or ()),
+        self._sched.on_transfer_results(set(connector_output.finished_sending or ()),
                                        set(connector_output.finished_recving or ()), failed)
 
     def request_finished(self, request, block_ids):
@@ -184,7 +193,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         from vllm.v1.request import RequestStatus
 
         ok = request.status in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
-        return self.sched.request_finished(request, block_ids, ok)
+        return self._sched.request_finished(request, block_ids, ok)
 
     # ---- worker side ------------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
@@ -225,9 +234,9 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                     t[run.local_start:run.local_start + run.count].zero_()
 
         self.worker = WorkerSide(transport, local, read_timeout_s=self.read_timeout_s, clear_blocks=clear_blocks)
-        self._server = SideChannelServer(self.host, self.port + tp_rank, encode(local))
+        server = self._server = SideChannelServer(self.host, self.port + tp_rank, encode(local))
         log.info("hybrid-pd worker %s: %d regions in %d ranges, side channel %s", transport.name,
-                 len(regions), len(ranges), self._server.address)
+                 len(regions), len(ranges), server.address)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         if self.worker is not None and self.has_connector_metadata():

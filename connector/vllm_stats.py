@@ -28,7 +28,7 @@ class HybridPDStats(KVConnectorStats):
     def reset(self):
         self.data = {key: [] for key in KEYS}
 
-    def aggregate(self, other: KVConnectorStats) -> "HybridPDStats":
+    def aggregate(self, other: KVConnectorStats) -> HybridPDStats:
         for key in KEYS:
             self.data[key] = self.data.get(key, []) + list(other.data.get(key, []))
         return self
@@ -48,8 +48,10 @@ class HybridPDPromMetrics(KVConnectorPromMetrics):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
         def hist(name: str, doc: str, buckets: list[float]):
-            return create_metric_per_engine(self._histogram_cls(name=name, documentation=doc, buckets=buckets,
-                                                                labelnames=labelnames), per_engine_labelvalues)
+            # vLLM types metric_types' values as the union of the three classes: this one is a Histogram
+            metric = self._histogram_cls(name=name, documentation=doc, buckets=buckets,  # type: ignore[call-arg]
+                                         labelnames=labelnames)
+            return create_metric_per_engine(metric, per_engine_labelvalues)
 
         def counter(name: str, doc: str):
             return create_metric_per_engine(self._counter_cls(name=name, documentation=doc,

@@ -17,7 +17,13 @@ from collections.abc import Callable, Sequence
 
 from hybrid_pd.connector.errors import ConnectorError, TransportError
 from hybrid_pd.connector.messages import (
-    Done, Handshake, Rejected, RemotePrefill, decode_handshake, decode_notification, encode,
+    Done,
+    Handshake,
+    Rejected,
+    RemotePrefill,
+    decode_handshake,
+    decode_notification,
+    encode,
 )
 from hybrid_pd.connector.plan import Run, TransferPlan
 from hybrid_pd.connector.side_channel import fetch_handshake
@@ -156,6 +162,7 @@ class WorkerSide:
     def _post(self, act: _Active, theirs: Handshake, agent: str) -> bool:
         """Post the READ of `act`'s plan; False when there is nothing to read."""
         plan = act.job.plan
+        assert plan is not None, "only a job with a plan is posted"
         descs = descriptors(self.local.regions, theirs.regions, plan.runs)
         act.stats = TransferStats(act.job.request_id, sum(d.length for d in descs), len(descs),
                                   checkpoints=len(plan.checkpoints))

@@ -38,7 +38,7 @@ class ChildProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def start(self) -> "ChildProcess":
+    def start(self) -> ChildProcess:
         self.proc = subprocess.Popen(
             self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",

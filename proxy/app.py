@@ -22,8 +22,17 @@ import msgspec
 
 from .background import Background
 from .config import ProxyConfig
-from .errors import (BadRequest, NoHealthyWorker, Overloaded, ProxyError, UpstreamError, UpstreamStatus,
-                     UpstreamTimeout, UpstreamUnavailable, error_bytes)
+from .errors import (
+    BadRequest,
+    NoHealthyWorker,
+    Overloaded,
+    ProxyError,
+    UpstreamError,
+    UpstreamStatus,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    error_bytes,
+)
 from .http_request import Request
 from .http_server import HTTPServer, Limits
 from .openai_api import Endpoint, check_content_type, parse_request

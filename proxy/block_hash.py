@@ -22,8 +22,8 @@ from __future__ import annotations
 import hashlib
 import pickle
 import struct
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 HashFn = Callable[[Any], bytes]
 

@@ -206,7 +206,7 @@ class ProxyConfig:
         return out
 
     @classmethod
-    def from_flat(cls, o: dict[str, Any]) -> "ProxyConfig":
+    def from_flat(cls, o: dict[str, Any]) -> ProxyConfig:
         """Build from flat option names (the CLI flag names with `_`): see config_sources.OPTIONS."""
         def workers(role: str) -> tuple[WorkerSpec, ...]:
             urls, events = list(o.get(role) or []), list(o.get(f"{role}_events") or [])

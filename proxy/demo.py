@@ -45,11 +45,11 @@ class PeakMemory:
                     pass
             self.peak = max(self.peak, total)
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
 
@@ -81,7 +81,7 @@ def build_children(args: argparse.Namespace) -> list[ChildProcess]:
     extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
     tail = ["--", *extra] if extra else []
 
-    def worker(name, role, offset, connector, core, gpu):
+    def worker(name: str, role: str, offset: int, connector: str, core: str, gpu: str) -> ChildProcess:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu) if args.device == "gpu" else None
         argv = [*HYBRID_PD, role, "--connector", connector, "--port", str(port + offset),
                 "--side-channel-port", str(port + 10 + offset), "--kv-events-port", str(port + 20 + offset),
@@ -97,7 +97,7 @@ def build_children(args: argparse.Namespace) -> list[ChildProcess]:
         *HYBRID_PD, "proxy", "--port", str(port), "--prefill", children[0].url, "--decode", children[1].url,
         "--prefill-events", f"tcp://127.0.0.1:{port + 21}", "--decode-events", f"tcp://127.0.0.1:{port + 22}",
         "--drain-delay-s", "0"],  # no load balancer to tell: stop at once
-        f"http://127.0.0.1:{port}", log=open(args.logs / "proxy.log", "w")))
+        f"http://127.0.0.1:{port}", log=open(args.logs / "proxy.log", "w")))  # noqa: SIM115 (the child writes it)
     return children
 
 

@@ -12,6 +12,7 @@ import json
 import statistics
 import time
 import urllib.request
+from typing import Any
 
 TRANSFER_METRICS = {  # the decoder connector's counters, summed over label sets: (upstream's, ours)
     "bytes": ("vllm:nixl_bytes_transferred_sum", "vllm:hybrid_pd_bytes_transferred_sum"),
@@ -50,7 +51,9 @@ def stream(url: str, path: str, body: dict, timeout: float = 300,
     req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     start = time.monotonic()
-    text, usage, arrivals = [], {}, []
+    text: list[str] = []
+    usage: dict[str, Any] = {}
+    arrivals: list[float] = []
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         for raw in resp:
             line = raw.decode().strip()

@@ -7,7 +7,8 @@
 Why not aiohttp's client: per request it builds a ClientRequest, a payload object, a connector key, timer
 contexts and a StreamReader that wakes a coroutine per SSE event; profiled under load that was a third of the
 proxy's CPU. Here one asyncio.Protocol per keep-alive connection parses the answer (content-length, chunked,
-or until close) straight into its Response (upstream_response.py), and the connection goes back to the pool as soon as the answer's
+or until close) straight into its Response (upstream_response.py), and the connection goes back to the pool as soon as
+the answer's
 last byte arrived (its body stays buffered in the Response).
 
 Errors are aiohttp's classes, so that upstream.py maps them at its one boundary as before:

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from .http_server import Connection
 
 REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           408: "Request Timeout", 413: "Content Too Large", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
+           408: "Request Timeout", 413: "Content Too Large", 429: "Too Many Requests",
+           431: "Request Header Fields Too Large",
            499: "Client Closed Request", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",
            504: "Gateway Timeout", 505: "HTTP Version Not Supported"}
 

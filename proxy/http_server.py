@@ -262,7 +262,7 @@ class HTTPServer:
     def __init__(self, loop: asyncio.AbstractEventLoop, handler: Handler, limits: Limits):
         self.loop, self.handler, self.limits = loop, handler, limits
         self.connections: set[Connection] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self.draining = False  # answers say Connection: close
         self.stopping = False  # the listener is closed

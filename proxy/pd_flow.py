@@ -9,8 +9,8 @@
     5. D: the original body + P's kv_transfer_params; its answer (JSON or SSE) is relayed, cached_tokens fixed
 
 A client that leaves during step 4 leaves P's call to finish alone: P's answer is read off its connection
-(or dropped at P's own timeout), and P's blocks are freed by its lease because no decoder will read them. A client that leaves during step 5 closes D's
-connection, which aborts the request on D.
+(or dropped at P's own timeout), and P's blocks are freed by its lease because no decoder will
+read them. A client that leaves during step 5 closes D's connection, which aborts the request on D.
 """
 
 from __future__ import annotations
@@ -202,10 +202,12 @@ class PDFlow:
                     async with self.s.upstream.open_post(decoder.url, req.path, body, stage="decode",
                                                          first_byte_timeout=first_byte, headers=headers) as resp:
                         if req.stream and resp.content_type == "text/event-stream":
+                            def ttft() -> None:
+                                self.c(self.m.ttft, req.endpoint).observe(time.perf_counter() - t0)
+
                             result = await relay_sse(
                                 request, resp, fix, worker=decoder.url, first_byte_timeout=first_byte,
-                                deadline=deadline, loop=loop, on_first_byte=lambda: self.c(self.m.ttft, req.endpoint).observe(
-                                    time.perf_counter() - t0))
+                                deadline=deadline, loop=loop, on_first_byte=ttft)
                             status, usage = result.status, result.usage
                             if result.broken is not None:
                                 self.c(self.m.errors, _kind(result.broken)).inc()

@@ -26,7 +26,7 @@ class ProxyState:
     prefill_router: Router
 
     @classmethod
-    def build(cls, config: ProxyConfig) -> "ProxyState":
+    def build(cls, config: ProxyConfig) -> ProxyState:
         metrics = ProxyMetrics()
         kv_index = KVIndex(config.kv.hash_algo, config.kv.hash_seed, config.kv.grace_s)
         deps = Deps(kv_index, config.kv)

@@ -107,7 +107,8 @@ def run_requests(setup: Setup, requests: list[Request], conc: int, max_tokens: i
                 arr = seen["arrivals"]
                 gaps = [b - a for a, b in zip(arr, arr[1:])]
                 row = dict(tag, session=req.session, turn=req.turn, prompt_tokens=len(req.token_ids),
-                           hit_tokens=seen["hit_tokens"], reported_cached=seen.get("reported_cached", seen["hit_tokens"]),
+                           hit_tokens=seen["hit_tokens"],
+                           reported_cached=seen.get("reported_cached", seen["hit_tokens"]),
                            ttft_s=arr[0] if arr else None, e2e_s=seen["e2e_s"], p_s=seen["p_s"],
                            itl_s=statistics.median(gaps) if gaps else None, sent_s=sent - T0,
                            completion_tokens=(seen["usage"] or {}).get("completion_tokens", 0), text=seen["text"],
@@ -185,8 +186,8 @@ def device_copy(byte_counts: list[tuple[int, int]]) -> list[dict]:
                 times.append(a.elapsed_time(b) / 1e3)
             return statistics.median(times)
 
-        one = timed(lambda: dst.copy_(src))
-        many = timed(lambda: torch._foreach_copy_(dsts, srcs))
+        one = timed(lambda d=dst, s=src: d.copy_(s))
+        many = timed(lambda d=dsts, s=srcs: torch._foreach_copy_(d, s))
         assert torch.equal(dst, src)
         out.append({"bytes": nbytes, "descriptors": ndesc, "contiguous_s": one, "pieces_s": many,
                     "contiguous_gb_s": nbytes / one / 1e9, "pieces_gb_s": nbytes / many / 1e9})

@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 
 from bench_client import cached_of, log, post_json, stream_logprobs
+
 from hybrid_pd.proxy.demo_workload import transfer_counters
 from tests.support.procs import HYBRID_PD, Launched, free_port
+
 
 def vllm_extra(args) -> list[str]:
     extra = ["--additional-config", json.dumps({"gdn_prefill_backend": "triton"})]  # Hopper: no CuTe DSL needed

@@ -171,7 +171,8 @@ def merge(folder: Path, headline: int) -> dict:
             "phases": {n: [phase_row(p, "toy" if n.startswith("upstream") else "engine") for p in part["probe"]]
                        for n, part in parts.items()},
             "device_copy": {n: p.get("device_copy", []) for n, p in parts.items()},
-            "start_s": {n: p.get("start_s") for n, p in parts.items()}, "block": {n: p.get("block") for n, p in parts.items()},
+            "start_s": {n: p.get("start_s") for n, p in parts.items()},
+            "block": {n: p.get("block") for n, p in parts.items()},
             "versions": next((p.get("versions") for p in parts.values() if p.get("versions")), {}),
             "errors": {n: p["errors"] for n, p in parts.items() if p["errors"]},
             "args": {n: p["args"] for n, p in parts.items()}}
@@ -179,15 +180,19 @@ def merge(folder: Path, headline: int) -> dict:
 
 def summary_md(res: dict, title: str) -> str:
     r = res["ratios"]
-    lines = [f"## {title}: generated tables", "", "Ratios (hybrid-pd / peer, same run; basis in results.json `ratio_basis`):", ""]
+    lines = [f"## {title}: generated tables", "",
+             "Ratios (hybrid-pd / peer, same run; basis in results.json `ratio_basis`):", ""]
     lines += [f"- `{k}`: {fmt(v, '.3g')}" for k, v in r.items()]
-    lines += ["", "| workload | length | c | set-up | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | out tok/s | hits / oracle "
+    lines += ["", "| workload | length | c | set-up | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | out tok/s "
+              "| hits / oracle "
               "| bytes | descriptors | transfers | xfer ms | GB/s | equal to colocated | errors |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in res["tables"]:
-        lines.append(f"| {t['workload']} | {t['length']} | {t['concurrency']} | {t['setup']} | {fmt(t['ttft_p50_ms'])} | "
+        lines.append(f"| {t['workload']} | {t['length']} | {t['concurrency']} | {t['setup']} | "
+                     f"{fmt(t['ttft_p50_ms'])} | "
                      f"{fmt(t['ttft_p90_ms'])} | {fmt(t['itl_p50_ms'], '.2f')} | {fmt(t['tok_s'], '.0f')} | "
-                     f"{t['hits']} / {t['oracle']} | {t['bytes']:.0f} | {t['descriptors']:.0f} | {t['transfers']:.0f} | "
+                     f"{t['hits']} / {t['oracle']} | {t['bytes']:.0f} | {t['descriptors']:.0f} | "
+                     f"{t['transfers']:.0f} | "
                      f"{fmt(t['xfer_s'] * 1e3 if t['xfer_s'] else None)} | {fmt(t['gb_s'], '.1f')} | {t['equal']} | "
                      f"{t['errors']} |")
     lines += ["", "### Phase breakdown (one request alone; ms; from every server's /metrics before and after it)", "",
@@ -196,13 +201,15 @@ def summary_md(res: dict, title: str) -> str:
               "serving engine's queue time (on a PD turn it holds the wait for the transfer), "
               "scheduled-to-first-token and arrival-to-first-token; proxy+HTTP = TTFT - p call - d ttft; d wait beyond "
               "xfer = d queue - xfer.", "",
-              "| set-up | phase | turn | prompt | hit | mode | TTFT | proxy+HTTP | p call | p queue | p prefill | xfer | "
+              "| set-up | phase | turn | prompt | hit | mode | TTFT | proxy+HTTP | p call | p queue | "
+              "p prefill | xfer | "
               "bytes | d queue | d wait beyond xfer | d prefill | d ttft |", "|---" * 17 + "|"]
     for name, rows in res["phases"].items():
         for p in rows:
             lines.append(f"| {name} | {p['phase']} | {p['turn']} | {p['prompt']} | {p['hit']} | {p['mode']} | "
                          f"{fmt(p['ttft_ms'])} | {fmt(p['glue_ms'])} | {fmt(p['p_call_ms'])} | "
-                         f"{fmt(p['p_queue_ms'])} | {fmt(p['p_prefill_ms'])} | {fmt(p['xfer_ms'])} | {p['bytes']:.0f} | "
+                         f"{fmt(p['p_queue_ms'])} | {fmt(p['p_prefill_ms'])} | {fmt(p['xfer_ms'])} | "
+                         f"{p['bytes']:.0f} | "
                          f"{fmt(p['d_queue_ms'])} | {fmt(p['d_wait_ms'])} | {fmt(p['d_prefill_ms'])} | "
                          f"{fmt(p['d_ttft_ms'])} |")
     lines += ["", "### Device-to-device copy of the same byte counts (same call, after the engines stopped)", "",

@@ -146,10 +146,11 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(pair(nbytes, pieces, delay)), flush=True)
         return 0
     rows = {"device_copy_gb_s": device_copy(nbytes), "bytes": nbytes, "variants": {}}
-    for name, (env, delay) in VARIANTS.items():
+    for name, (env, _delay) in VARIANTS.items():
         full = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")} | env
         try:
-            p = subprocess.run([sys.executable, __file__, "--mib", str(args.mib), "--pieces", args.pieces, "--one", name],
+            argv = [sys.executable, __file__, "--mib", str(args.mib), "--pieces", args.pieces, "--one", name]
+            p = subprocess.run(argv,
                                env=full, capture_output=True, text=True, timeout=90)
             line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
             rows["variants"][name] = json.loads(line[7:]) if line else {"error": (p.stdout + p.stderr)[-1500:]}

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_pd.proxy.demo_workload import stream, transfer_counters
-from tests.support.conversation import ANSWER_TOKENS, cached, colocated_pass, complete
 from tests.bench.setups import Setup
+from tests.support.conversation import ANSWER_TOKENS, cached, colocated_pass, complete
 from tests.support.procs import metric_sum, scrape_metrics
 from tests.support.tiny_layout import BS, minimal_bytes
 

@@ -61,7 +61,8 @@ def main() -> None:
                     if metric_sum(scrape_metrics(proxy.url), "hybrid_pd_proxy_kv_event_batches_total") > 0:
                         break
                     time.sleep(0.5)
-                before = metric_sum(scrape_metrics(proxy.url), 'hybrid_pd_proxy_disagg_decisions_total{decision="remote"}')
+                remote = 'hybrid_pd_proxy_disagg_decisions_total{decision="remote"}'
+                before = metric_sum(scrape_metrics(proxy.url), remote)
                 for i in range(args.prompts):
                     salt += 1
                     n_words = 40 + (i * 155) // max(args.prompts - 1, 1)

@@ -140,7 +140,8 @@ async def one_request(s: aiohttp.ClientSession, url: str, tokens: int) -> float:
     return took
 
 
-async def latency_c1(url: str, n: int, tokens: int, cap_s: float, cpu: Callable[[], float]) -> tuple[list[float], float]:
+async def latency_c1(url: str, n: int, tokens: int, cap_s: float,
+                     cpu: Callable[[], float]) -> tuple[list[float], float]:
     """(latencies, proxy CPU seconds spent on them) of `n` sequential requests, capped at `cap_s` seconds."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         for _ in range(20):  # warm-up: connection, code paths
@@ -191,7 +192,7 @@ def start_all(args: argparse.Namespace, tmp: str, procs: list[subprocess.Popen])
     env = {**os.environ, "PYTHONPATH": str(ROOT), "P_URL": p_url, "D_URL": d_url}
     (Path(tmp) / "toy_proxy.py").write_text(TOY_PROXY)
     on_proxy_core = ["taskset", "-c", str(PROXY_CORE)]
-    quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": open(Path(tmp) / "stderr.log", "w")}
+    quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": open(Path(tmp) / "stderr.log", "w")}  # noqa: SIM115 (the children write it until the end)
 
     def launch(argv: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         procs.append(subprocess.Popen(argv, **{**quiet, "env": {**env, **(extra_env or {})}}))
@@ -280,7 +281,7 @@ def report(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace) 
                      f"{med(name, 'rps'):.0f} | {100 * med(name, 'core_util'):.0f}% |")
     ratios = _ratios_to(rounds, names, args, next((n for n in names if n.startswith("vllm-router")), None))
     ratios += _ratios_to(rounds, names, args, next((n for n in names if n.startswith("hybrid-pd proxy @")), None))
-    per_round = ["", "Per round (added p50 ms / req/s c=%d / CPU ms/req c=%d):" % (args.concurrency, args.concurrency), ""]
+    per_round = ["", f"Per round (added p50 ms / req/s c={args.concurrency} / CPU ms/req c={args.concurrency}):", ""]
     for name in names[1:]:
         cells = [f"{r[name]['p50'] - r[direct]['p50']:.2f} / {r[name]['rps']:.0f} / {r[name]['cpu_ms_c64']:.3f}"
                  for r in rounds]
@@ -305,10 +306,12 @@ def _ratios_to(rounds: list[dict[str, dict[str, float]]], names: list[str], args
 
     c = args.concurrency
     out = ["", f"Over {router} (median of per-round ratios; below 1 is better, but for req/s):", "",
-           f"| set-up | added p50 | added p99 | CPU/req c=1 | CPU/req c={c} | req/s c={c} |", "|---|---|---|---|---|---|"]
+           f"| set-up | added p50 | added p99 | CPU/req c=1 | CPU/req c={c} | req/s c={c} |",
+           "|---|---|---|---|---|---|"]
     for name in names[1:]:
         if name != router:
-            out.append(f"| {name} | {ratio(name, 'p50'):.2f} | {ratio(name, 'p99'):.2f} | {ratio(name, 'cpu_ms_c1'):.2f} | "
+            out.append(f"| {name} | {ratio(name, 'p50'):.2f} | {ratio(name, 'p99'):.2f} | "
+                       f"{ratio(name, 'cpu_ms_c1'):.2f} | "
                        f"{ratio(name, 'cpu_ms_c64'):.2f} | {ratio(name, 'rps'):.2f} |")
     return out
 

@@ -20,11 +20,11 @@ import time
 
 import uvloop
 
-from tests.bench import proxy_bench as pb
-from tests.bench.proxy_bench import DEFAULT_ROUTER_VENV, ROOT
 from hybrid_pd.proxy import http1, relay
 from hybrid_pd.proxy.http_request import Request
 from hybrid_pd.proxy.upstream_response import Response
+from tests.bench import proxy_bench as pb
+from tests.bench.proxy_bench import DEFAULT_ROUTER_VENV, ROOT
 from tests.support.procs import free_port
 
 PY = sys.executable
@@ -36,9 +36,11 @@ def main(which: str, interval: str, n: int) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([PY, "-m", "tests.bench.proxy_fake_workers", str(p), str(d), "32", interval], env=env)]
     if which == "ours":
-        argv = [PY, "-m", "hybrid_pd.proxy.server", "--port", str(o), "--prefill", pu, "--decode", du, "--log-level", "WARNING"]
+        argv = [PY, "-m", "hybrid_pd.proxy.server", "--port", str(o), "--prefill", pu, "--decode", du,
+                "--log-level", "WARNING"]
     else:
-        argv = [str(DEFAULT_ROUTER_VENV / "bin" / "vllm-router"), "--vllm-pd-disaggregation", "--prefill", pu, "--decode", du,
+        argv = [str(DEFAULT_ROUTER_VENV / "bin" / "vllm-router"), "--vllm-pd-disaggregation",
+                "--prefill", pu, "--decode", du,
                 "--host", "127.0.0.1", "--port", str(o), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(m),
                 "--policy", "round_robin", "--log-level", "warning"]
     procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -47,7 +49,8 @@ def main(which: str, interval: str, n: int) -> None:
         pb.wait_healthy(pu, procs[0])
         pb.wait_healthy(url, procs[1])
         uvloop.run(pb.latency_c1(url, 20, 32, 10, lambda: 0.0))
-        st = subprocess.Popen(["strace", "-c", "-f", "-p", str(procs[1].pid), "-o", f"/tmp/strace_{which}_{interval}.txt"])
+        st = subprocess.Popen(["strace", "-c", "-f", "-p", str(procs[1].pid),
+                               "-o", f"/tmp/strace_{which}_{interval}.txt"])
         time.sleep(1)
         lat, _ = uvloop.run(pb.latency_c1(url, n, 32, 60, lambda: 0.0))
         st.terminate()

@@ -32,7 +32,8 @@ def write_report(results: dict, out: Path) -> None:
              f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
              f"Date: {results['date']}; aligned block {results['block']} tokens; {results['max_tokens']} output "
              f"tokens per request, one request at a time; hybrid-pd set-ups use the `{results['connector']}` "
-             "connector." + (f" Every worker ran with `{results['worker_args']}`." if results.get("worker_args") else ""),
+             "connector."
+             + (f" Every worker ran with `{results['worker_args']}`." if results.get("worker_args") else ""),
              "",
              "| set-up | TTFT p50 ms | TTFT p90 ms | ITL ms | e2e p50 ms | tok/s | hit tokens / oracle | bytes moved "
              "| descriptors | transfers | failed |", "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         ports = {}
         for name in SERVERS:
             ports[name] = free_port()
-            procs.append(subprocess.Popen(["taskset", "-c", str(PROXY_CORE), sys.executable, "-m", "tests.bench.server_bench",
-                                           "--serve", name, str(ports[name])], env=env))
+            argv = ["taskset", "-c", str(PROXY_CORE), sys.executable, "-m", "tests.bench.server_bench",
+                    "--serve", name, str(ports[name])]
+            procs.append(subprocess.Popen(argv, env=env))
         for proc, name in zip(procs, SERVERS):
             wait_healthy(f"http://127.0.0.1:{ports[name]}", proc)
         results: dict[str, list[float]] = {name: [] for name in SERVERS}

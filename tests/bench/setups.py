@@ -20,6 +20,7 @@ from pathlib import Path
 from hybrid_pd.proxy.demo_workload import TRANSFER_METRICS, stream, transfer_counters
 from tests.support.procs import HYBRID_PD, Launched, free_port, worker_argv
 
+
 def post_stream(url: str, body: dict) -> tuple[list[float], dict, float]:
     """Stream a completion; return (token arrival times from the call, usage, end-to-end seconds)."""
     start = time.monotonic()

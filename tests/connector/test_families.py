@@ -14,8 +14,16 @@ import re
 import pytest
 
 from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
-from tests.support.conversation import (ANSWER_TOKENS, assert_same_greedy, cached, complete, decided_tokens,
-                                        greedy_reference, text_of, tokenize)
+from tests.support.conversation import (
+    ANSWER_TOKENS,
+    assert_same_greedy,
+    cached,
+    complete,
+    decided_tokens,
+    greedy_reference,
+    text_of,
+    tokenize,
+)
 from tests.support.engines import Engines, d_metrics, delta, pd_complete
 
 pytestmark = pytest.mark.engines

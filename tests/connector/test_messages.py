@@ -5,8 +5,17 @@ import pytest
 
 from hybrid_pd.connector.errors import BadTransferParams, IncompatiblePeer, ProtocolError
 from hybrid_pd.connector.messages import (
-    PROTOCOL_VERSION, CheckpointRef, Done, Handshake, Region, Rejected, RemotePrefill, decode_handshake,
-    decode_notification, encode, parse_remote_prefill,
+    PROTOCOL_VERSION,
+    CheckpointRef,
+    Done,
+    Handshake,
+    Region,
+    Rejected,
+    RemotePrefill,
+    decode_handshake,
+    decode_notification,
+    encode,
+    parse_remote_prefill,
 )
 
 

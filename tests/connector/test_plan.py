@@ -5,7 +5,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybrid_pd.connector.plan import (
-    NULL_BLOCK, Checkpoint, GroupSpec, PlanError, Run, cdiv, coalesce, plan_transfer,
+    NULL_BLOCK,
+    Checkpoint,
+    GroupSpec,
+    PlanError,
+    Run,
+    cdiv,
+    coalesce,
+    plan_transfer,
 )
 
 MAMBA, ATTN = GroupSpec("mamba", 256), GroupSpec("attention", 256)

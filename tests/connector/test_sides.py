@@ -4,11 +4,16 @@ import itertools
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 
 from hybrid_pd.connector.errors import HandshakeError
 from hybrid_pd.connector.messages import (
-    PROTOCOL_VERSION, Done, Handshake, Region, Rejected, decode_notification, encode,
+    PROTOCOL_VERSION,
+    Done,
+    Handshake,
+    Region,
+    Rejected,
+    decode_notification,
+    encode,
 )
 from hybrid_pd.connector.plan import GroupSpec, Run
 from hybrid_pd.connector.scheduler_side import SchedulerSide
@@ -154,7 +159,10 @@ def pair(**kw):
     return clock, src, dst, p, pt, d, dt
 
 
-def load_job(d_req="r1", plan_runs=(Run(1, 2, 5, 2), Run(0, 7, 3))):
+PLAN_RUNS = (Run(1, 2, 5, 2), Run(0, 7, 3))
+
+
+def load_job(d_req="r1", plan_runs=PLAN_RUNS):
     from hybrid_pd.connector.messages import RemotePrefill
     from hybrid_pd.connector.plan import TransferPlan
     from hybrid_pd.connector.worker_side import LoadJob
@@ -208,7 +216,7 @@ def test_failed_read_is_reported_failed_and_the_peer_is_re_handshaken():
     d.start(StepMeta(loads=[load_job()]))
     res = drive(d)
     assert res.finished_recving == {"r1"} == res.failed_recving and d.stats[-1].failed
-    assert decode_notification(pt.notifications()[0]) == Rejected("p-r1", reason="READ from %s failed" % pt.name)
+    assert decode_notification(pt.notifications()[0]) == Rejected("p-r1", reason=f"READ from {pt.name} failed")
     assert d._peers == {}  # forgotten: the next request handshakes again
     assert cleared == [Run(1, 2, 5, 2), Run(0, 7, 3)]  # the blocks it may have half-written are zeroed
 

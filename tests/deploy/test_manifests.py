@@ -16,8 +16,18 @@ import pytest
 
 from hybrid_pd.prefill.cli import add_worker_args, config_from_args
 from hybrid_pd.proxy.config_sources import load_config
-from tests.support.k8s_policy import (INSTANCE, K8S, ROLE, WORKER_ROLES, by_kind, flag_value, pod_templates,
-                                      policy_problems, render, selects)
+from tests.support.k8s_policy import (
+    INSTANCE,
+    K8S,
+    ROLE,
+    WORKER_ROLES,
+    by_kind,
+    flag_value,
+    pod_templates,
+    policy_problems,
+    render,
+    selects,
+)
 
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir())
 K8S_VERSION = "1.32.0"
@@ -97,7 +107,7 @@ def test_worker_arguments_are_accepted_by_the_launcher(rendered, monkeypatch):
     monkeypatch.setenv("POD_IP", "10.0.0.7")
     workers = [(w, p) for w, p in pod_templates(docs) if p["metadata"]["labels"][ROLE] in WORKER_ROLES]
     assert len(workers) in (2, 4)  # a Deployment per role, or a LeaderWorkerSet's two templates per role
-    for where, pod in workers:
+    for _where, pod in workers:
         role = pod["metadata"]["labels"][ROLE]
         c = pod["spec"]["containers"][0]
         assert c["command"] == ["hybrid-pd", role]

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from pathlib import Path
 
 from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
 from hybrid_pd.prefill.worker_config import model_kind
@@ -31,7 +32,7 @@ def test_cached_build_is_found_not_rebuilt(tiny_model):
 def test_it_is_a_hybrid_model_with_a_chat_template(tiny_model):
     from transformers import AutoTokenizer
 
-    cfg = json.load(open(f"{tiny_model}/config.json"))
+    cfg = json.loads(Path(f"{tiny_model}/config.json").read_text())
     assert set(cfg["layer_types"]) == {"linear_attention", "full_attention"}
     assert model_kind(tiny_model) == "hybrid"
     tok = AutoTokenizer.from_pretrained(tiny_model)

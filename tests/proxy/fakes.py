@@ -84,10 +84,8 @@ class FakeWorker:
     async def _tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.seen.append(Seen(request.path, body, request.headers.copy()))
-        if "messages" in body:
-            text = "".join(str(m.get("content", "")) for m in body["messages"])
-        else:
-            text = body["prompt"]
+        messages = body.get("messages")
+        text = "".join(str(m.get("content", "")) for m in messages) if messages is not None else body["prompt"]
         toks = tokens_of(text)
         return web.json_response({"count": len(toks), "max_model_len": 4096, "tokens": toks})
 

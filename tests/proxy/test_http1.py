@@ -89,7 +89,8 @@ def test_reused_connection_closed_by_the_server_is_retried_once():
 
 def test_broken_stream_head_timeout_and_refused_connection():
     async def body():
-        base, server, _ = await serve([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel"], close_after=True)
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel"
+        base, server, _ = await serve([head], close_after=True)
         pool = HTTPPool(connect_timeout=2)
         resp = await pool.request("POST", base, "/", b"", None, timeout=5)
         assert await resp.readany(5) == b"hel"

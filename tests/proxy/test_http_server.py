@@ -57,8 +57,11 @@ class App:
             self.active -= 1
 
 
+DEFAULT_LIMITS = Limits()
+
+
 @contextlib.asynccontextmanager
-async def server(limits: Limits = Limits()) -> AsyncIterator[tuple[App, int]]:
+async def server(limits: Limits = DEFAULT_LIMITS) -> AsyncIterator[tuple[App, int]]:
     app = App()
     srv = await HTTPServer.start("127.0.0.1", 0, app, limits)
     try:
@@ -161,13 +164,12 @@ def test_http10_closes_unless_keep_alive_and_streams_unframed():
 
 def test_streamed_answer_is_chunked_for_http11_and_read_by_a_real_client():
     async def body():
-        async with server() as (app, port):
-            async with aiohttp.ClientSession() as s:
-                for _ in range(2):  # and the connection is reusable after it
-                    async with s.get(f"http://127.0.0.1:{port}/stream") as r:
-                        assert r.headers["Transfer-Encoding"] == "chunked"
-                        assert r.headers["Content-Type"] == "text/event-stream"
-                        assert await r.read() == b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+        async with server() as (app, port), aiohttp.ClientSession() as s:
+            for _ in range(2):  # and the connection is reusable after it
+                async with s.get(f"http://127.0.0.1:{port}/stream") as r:
+                    assert r.headers["Transfer-Encoding"] == "chunked"
+                    assert r.headers["Content-Type"] == "text/event-stream"
+                    assert await r.read() == b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
     run(body())
 
 

@@ -10,14 +10,19 @@ import pytest
 import vllm.distributed.kv_events as vk  # a moved module fails loudly, never skips
 import zmq.asyncio
 
-from hybrid_pd.proxy.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventDecodeError,
-                                       decode_frames, encode_frames)
+from hybrid_pd.proxy.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventDecodeError,
+    decode_frames,
+    encode_frames,
+)
 from hybrid_pd.proxy.kv_index import KVIndex
 from hybrid_pd.proxy.kv_subscriber import subscribe
 from hybrid_pd.proxy.metrics import ProxyMetrics
 from hybrid_pd.proxy.workers import Worker
 from tests.proxy.fakes import run
-
 
 
 def vllm_batch(seq_hash: bytes = b"\x01" * 32):

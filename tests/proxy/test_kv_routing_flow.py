@@ -49,9 +49,8 @@ async def kv_cluster(**options):
 
 
 async def post(url, path, body):
-    async with aiohttp.ClientSession() as s:
-        async with s.post(url + path, json=body) as r:
-            return r.status, await r.json()
+    async with aiohttp.ClientSession() as s, s.post(url + path, json=body) as r:
+        return r.status, await r.json()
 
 
 def test_decoder_with_the_usable_hybrid_hit_wins_and_cached_tokens_count_it():

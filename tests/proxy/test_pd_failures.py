@@ -127,10 +127,10 @@ def test_total_timeout_mid_stream_ends_with_an_error_event():
     async def body():
         async with cluster(total_timeout=0.5) as c:
             c.d.hang_stream_after_first = True
-            async with aiohttp.ClientSession() as s:
-                async with s.post(c.url + "/v1/completions", json=dict(REQ, stream=True)) as r:
-                    assert r.status == 200
-                    text = await r.text()
+            async with aiohttp.ClientSession() as s, s.post(c.url + "/v1/completions",
+                                                            json=dict(REQ, stream=True)) as r:
+                assert r.status == 200
+                text = await r.text()
             events = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
             assert json.loads(events[0])["choices"][0]["text"] == "Hel"
             assert json.loads(events[-1])["error"]["type"] == "timeout"
@@ -142,11 +142,11 @@ def test_client_disconnect_aborts_decode_leg():
     async def body():
         async with cluster() as c:
             c.d.hang_stream_after_first = True
-            async with aiohttp.ClientSession() as s:
-                async with s.post(c.url + "/v1/completions", json=dict(REQ, stream=True)) as r:
-                    first = await r.content.readline()
-                    assert first.startswith(b"data: ")
-                # leaving the block closes the client connection mid-stream
+            async with aiohttp.ClientSession() as s, s.post(c.url + "/v1/completions",
+                                                            json=dict(REQ, stream=True)) as r:
+                first = await r.content.readline()
+                assert first.startswith(b"data: ")
+            # leaving the block closes the client connection mid-stream
             await asyncio.wait_for(c.d.client_gone.wait(), 5)
     run(body())
 
@@ -245,9 +245,8 @@ def test_no_healthy_decoder_is_503():
                 c.state.pool.eject(w, "test")
             status, out = await post(c.url, "/v1/completions", REQ)
             assert status == 503 and out["error"]["code"] == "no_healthy_worker"
-            async with aiohttp.ClientSession() as s:
-                async with s.get(c.url + "/health") as r:
-                    assert r.status == 503
+            async with aiohttp.ClientSession() as s, s.get(c.url + "/health") as r:
+                assert r.status == 503
     run(body())
 
 

@@ -9,16 +9,14 @@ from tests.proxy.fakes import cluster, metric_value, run
 
 
 async def post(url: str, path: str, body: dict, headers: dict | None = None) -> tuple[int, dict, str]:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(url + path, json=body, headers=headers or {}) as r:
-            return r.status, await r.json(content_type=None), r.content_type
+    async with aiohttp.ClientSession() as s, s.post(url + path, json=body, headers=headers or {}) as r:
+        return r.status, await r.json(content_type=None), r.content_type
 
 
 async def sse(url: str, path: str, body: dict) -> tuple[int, str, list[str]]:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(url + path, json=body) as r:
-            text = await r.text()
-            return r.status, r.content_type, [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
+    async with aiohttp.ClientSession() as s, s.post(url + path, json=body) as r:
+        text = await r.text()
+        return r.status, r.content_type, [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
 
 
 def test_completion_pd_bodies_and_answer():

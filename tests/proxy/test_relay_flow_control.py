@@ -23,14 +23,13 @@ def test_a_client_that_does_not_read_holds_the_decoder_back_and_loses_nothing():
     async def body():
         async with cluster() as c:
             c.d.chunks = big_chunks()
-            async with aiohttp.ClientSession() as s:
-                async with s.post(c.url + "/v1/completions", json=REQ) as r:
-                    assert r.status == 200
-                    # A negative claim needs a window: the client reads nothing for a second. A relay that
-                    # buffered the stream would let the decoder finish at once.
-                    await asyncio.sleep(1.0)
-                    assert not c.d.finished.is_set()
-                    text = (await r.read()).decode()
+            async with aiohttp.ClientSession() as s, s.post(c.url + "/v1/completions", json=REQ) as r:
+                assert r.status == 200
+                # A negative claim needs a window: the client reads nothing for a second. A relay that
+                # buffered the stream would let the decoder finish at once.
+                await asyncio.sleep(1.0)
+                assert not c.d.finished.is_set()
+                text = (await r.read()).decode()
             events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]
             assert events[-1] == "[DONE]"
             texts = [json.loads(e)["choices"][0]["text"] for e in events[:-1]]

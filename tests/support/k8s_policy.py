@@ -205,9 +205,9 @@ def network_problems(docs: list[dict]) -> list[str]:
         labels = [s.get("podSelector", {}).get("matchLabels", {}) for s in sources]
         if ports & {"http", "kv-events"} and any("namespaceSelector" in s for s in sources):
             continue  # a metrics scraper (components/servicemonitor): http only, checked below
-        if ports & {"http", "kv-events"} and not all(l.get(ROLE) == "proxy" and INSTANCE in l for l in labels):
+        if ports & {"http", "kv-events"} and not all(lab.get(ROLE) == "proxy" and INSTANCE in lab for lab in labels):
             problems.append(f"worker ports {sorted(ports)} must be open to this release's proxy only")
-        if not ports and not all(INSTANCE in l and "podSelector" in s for l, s in zip(labels, sources)):
+        if not ports and not all(INSTANCE in lab and "podSelector" in s for lab, s in zip(labels, sources)):
             problems.append("workers' other ports must be open to this release's workers only")
         if "kv-events" in ports and any("namespaceSelector" in s for s in sources):
             problems.append("KV events must not be open to other namespaces")
