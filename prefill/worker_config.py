@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from hybrid_pd.prefill.errors import ConfigError
+from hybrid_pd.proxy.block_hash import LAUNCHER_HASH_SEED  # shared with the proxy, which tries it too
 
 Role = Literal["prefill", "decode"]
 ConnectorName = Literal["hybrid", "upstream", "none"]
@@ -28,9 +29,6 @@ CONNECTORS: dict[str, dict[str, str]] = {
     "upstream": {"kv_connector": "NixlConnector"},
 }
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
-# vLLM < 0.27 derives the root block hash (NONE_HASH) from os.urandom unless PYTHONHASHSEED is set: workers
-# and the proxy could never agree on block hashes. The launchers then set this seed (the proxy tries it too).
-LAUNCHER_HASH_SEED = "0"
 # Flags the launcher owns: passing them through `--` would silently undo a validated choice.
 OWNED_VLLM_FLAGS = {
     "--model": "--model",

@@ -1,7 +1,8 @@
 """OpenAI-compatible PD routing proxy (`hybrid-pd proxy`): decode-first, cache- and hybrid-aware.
 
     server.py            main(argv): flags/env/file -> ProxyConfig, uvloop, SIGTERM/SIGINT (drain, then exit)
-    config.py            the frozen, validated ProxyConfig;  config_sources.py: CLI < env < JSON file
+    config.py            the frozen, validated ProxyConfig (config_sections.py: its parts, one per component);
+                         config_sources.py: CLI < env < JSON file
     app.py               routes, the error boundary, serve_in_background(config)
     http_server.py       the HTTP/1.1 server: a protocol per client connection, llhttp (httptools) parsing
     http_request.py      one parsed request and the way a handler answers it (whole, or streamed)

@@ -26,6 +26,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 HashFn = Callable[[Any], bytes]
+# NONE_HASH's seed when the workers set no PYTHONHASHSEED (vllm/v1/core/kv_cache_utils.py DEFAULT_NONE_HASH_SEED)
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+# vLLM < 0.27 derives NONE_HASH from os.urandom unless PYTHONHASHSEED is set: workers and the proxy could never
+# agree on block hashes. The launchers then set this seed (prefill/worker_config.py), and the proxy tries it too.
+LAUNCHER_HASH_SEED = "0"
 
 
 def sha256_pickle(obj: Any) -> bytes:

@@ -6,7 +6,7 @@ decoder that does not already hold most of it (a multi-turn session on its warm 
 
 from __future__ import annotations
 
-from .config import DisaggConfig
+from .config_sections import DisaggConfig
 
 REMOTE = "remote"
 

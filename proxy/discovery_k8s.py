@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .config import K8sConfig, WorkerSpec
+from .config_sections import K8sConfig, WorkerSpec
 from .endpointslices import merge
 from .k8s_api import DiscoveryError, K8sAPI, WatchExpired, api_base
 from .state import ProxyState

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .config import WorkerSpec
+from .config_sections import WorkerSpec
 
 
 def slice_workers(s: dict[str, Any], http_port_name: str = "http",

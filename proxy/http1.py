@@ -22,28 +22,15 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from .timers import expire
-from .upstream_response import Response
+from .upstream_response import Leave, Response
 
 MAX_HEAD = 64 * 1024
 _NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(4)
-
-
-class Leave:
-    """How a caller that stops waiting (cancelled, or its timeout passed) leaves its answer behind, instead of
-    dropping the connection (which a worker takes as its client leaving): the connection reads the answer to its
-    end unseen and goes back to the pool, or is dropped at `until` (a loop time); then on_end() runs. `taken`
-    tells the caller that it happened (on_end is then the connection's to call)."""
-
-    __slots__ = ("until", "on_end", "taken")
-
-    def __init__(self, until: float, on_end: Callable[[], None]):
-        self.until, self.on_end, self.taken = until, on_end, False
 
 
 class _Connection(asyncio.Protocol):

@@ -11,20 +11,29 @@ from __future__ import annotations
 import asyncio
 import time
 from email.utils import formatdate
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
 from .errors import openai_error
-
-if TYPE_CHECKING:
-    from .http_server import Connection
 
 REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            408: "Request Timeout", 413: "Content Too Large", 429: "Too Many Requests",
            431: "Request Header Fields Too Large",
            499: "Client Closed Request", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",
            504: "Gateway Timeout", 505: "HTTP Version Not Supported"}
+
+class ClientConnection(Protocol):
+    """What a request needs of the client connection it came on (http_server.Connection)."""
+
+    transport: asyncio.Transport | None
+    writing_paused: bool  # past the transport's high-water mark
+    pending_head: bytes  # a streamed answer's head, sent with its first data
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
 
 class Request:
     """One parsed request and the way to answer it. Header names are lower case; repeated ones are joined with
@@ -33,7 +42,7 @@ class Request:
     __slots__ = ("method", "path", "query", "version", "headers", "body", "keep_alive", "conn", "started", "done",
                  "chunked")
 
-    def __init__(self, conn: Connection, method: str, path: str, query: str, version: str,
+    def __init__(self, conn: ClientConnection, method: str, path: str, query: str, version: str,
                  headers: dict[str, str], body: bytes, keep_alive: bool):
         self.conn, self.method, self.path, self.query, self.version = conn, method, path, query, version
         self.headers, self.body, self.keep_alive = headers, body, keep_alive

@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 import aiohttp
 import msgspec
 
-from .config import K8sConfig
+from .config_sections import K8sConfig
 from .errors import UpstreamError
 
 _decoder = msgspec.json.Decoder()

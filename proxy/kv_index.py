@@ -25,10 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hybrid_pd.prefill.worker_config import LAUNCHER_HASH_SEED
-
-from .block_hash import as_int_hash
-from .config import DEFAULT_NONE_HASH_SEED, same_engine
+from .block_hash import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED, as_int_hash
+from .config_sections import same_engine
 from .hash_check import hash_granularity
 from .kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
@@ -39,7 +37,10 @@ log = logging.getLogger("hybrid_pd.proxy")
 
 
 @dataclass
-class GroupSpec:
+class EventGroup:
+    """A KV-cache group as the workers' KV events describe it (vLLM's spec kind names: full_attention, mamba,
+    ...). The connector's plan.GroupSpec is its own view of a group (attention or mamba)."""
+
     kind: str
     block_size: int
 
@@ -53,7 +54,7 @@ class WorkerKVIndex:
     last_seq: int = -1
     gaps: int = 0  # batches missed (sequence jumps); the index may then overestimate until eviction events
 
-    def apply(self, batch: KVEventBatch, specs: dict[int, GroupSpec]) -> None:
+    def apply(self, batch: KVEventBatch, specs: dict[int, EventGroup]) -> None:
         """Apply one batch; learns each group's kind and block size into `specs` (shared by all workers)."""
         for ev in batch.events:
             if isinstance(ev, BlockStored):
@@ -64,7 +65,7 @@ class WorkerKVIndex:
                 if spec is None or (ev.kv_cache_spec_kind and spec.kind != ev.kv_cache_spec_kind):
                     # learned even from an empty store: align mode announces a Mamba group with no checkpoint
                     # kept on a prompt's first pass, and that group must still block attention-only "hits"
-                    specs[gid] = GroupSpec(ev.kv_cache_spec_kind or "full_attention", ev.block_size)
+                    specs[gid] = EventGroup(ev.kv_cache_spec_kind or "full_attention", ev.block_size)
                 if not ev.block_hashes:
                     continue
                 self.int_hashes = isinstance(ev.block_hashes[0], int)
@@ -83,7 +84,7 @@ class WorkerKVIndex:
         self.last_seq = seq
 
 
-def hash_block_size(specs: dict[int, GroupSpec], configured: int = 0) -> int:
+def hash_block_size(specs: dict[int, EventGroup], configured: int = 0) -> int:
     """vLLM's default hash_block_size is the gcd of the groups' block sizes (prefix_match_unit unset)."""
     if configured:
         return configured
@@ -91,14 +92,14 @@ def hash_block_size(specs: dict[int, GroupSpec], configured: int = 0) -> int:
     return math.gcd(*sizes) if sizes else 0
 
 
-def aligned_block(specs: dict[int, GroupSpec]) -> int:
+def aligned_block(specs: dict[int, EventGroup]) -> int:
     """Tokens per aligned block (the lcm of the groups' block sizes; 0 while no event told them): the unit of
     every hybrid hit, and the least a remote prefill should move."""
     sizes = [g.block_size for g in specs.values() if g.kind in ATTENTION_KINDS or g.kind == MAMBA_KIND]
     return math.lcm(*sizes) if sizes else 0
 
 
-def usable_hit_tokens(worker: WorkerKVIndex, specs: dict[int, GroupSpec], num_tokens: int,
+def usable_hit_tokens(worker: WorkerKVIndex, specs: dict[int, EventGroup], num_tokens: int,
                       hashes_for: Callable[[int], list[bytes]], configured_hash_block_size: int = 0) -> int:
     """Longest prefix (tokens) of a `num_tokens` prompt that `worker` can serve from its cache with both
     attention blocks and a Mamba checkpoint in every group. `specs` are the groups learned from every
@@ -150,7 +151,7 @@ class KVIndex:
         self.workers: dict[str, WorkerKVIndex] = {}
         self.retired: dict[str, Retired] = {}
         self.grace_s, self.clock = grace_s, clock
-        self.specs: dict[int, GroupSpec] = {}
+        self.specs: dict[int, EventGroup] = {}
         self.algo, self.seed = algo, seed
         # with the default seed, the workers may be on a vLLM < 0.27 started by our launchers: try theirs too
         self.candidate_seeds = [seed] + ([LAUNCHER_HASH_SEED] if seed == DEFAULT_NONE_HASH_SEED else [])

@@ -24,7 +24,6 @@ from typing import Any
 
 from .disagg import REMOTE, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
-from .http1 import Leave
 from .http_request import Request
 from .kv_index import aligned_block
 from .openai_api import OpenAIRequest
@@ -33,6 +32,7 @@ from .routing import RequestContext
 from .routing.kv_hit import hit_tokens
 from .state import ProxyState
 from .timers import time_left
+from .upstream_response import Leave
 from .usage import fix_usage, prefill_hit
 from .workers import Worker
 

@@ -14,10 +14,10 @@ from typing import Any, NoReturn
 import aiohttp
 import msgspec
 
-from .config import Timeouts
+from .config_sections import Timeouts
 from .errors import UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
-from .http1 import HTTPPool, Leave
-from .upstream_response import Response
+from .http1 import HTTPPool
+from .upstream_response import Leave, Response
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -51,7 +51,8 @@ class Upstream:
     async def post_json(self, base: str, path: str, body: Any, *, timeout: float, stage: str,
                         headers: dict[str, str] | None = None, leave: Leave | None = None) -> Any:
         """POST a JSON body, return the decoded JSON answer; HTTP >= 400 raises UpstreamStatus. With `leave`, a
-        caller cancelled or timed out leaves the answer behind rather than dropping the connection (http1.Leave)."""
+        caller cancelled or timed out leaves the answer behind rather than dropping the connection
+        (upstream_response.Leave)."""
         return await self._call("POST", base, path, _encoder.encode(body), _json_headers(headers), timeout, stage,
                                 leave)
 

@@ -6,7 +6,7 @@ as it arrives, read in one of three ways:
     resp.stream_to(on_data, on_end)          # every later piece handed over from the connection's callback
                                              # (but the last: see stream_to)
 
-The connection (http1._Connection) feeds it with _feed / _finish; close() drops an unfinished answer's
+The connection (http1._Connection, a Wire) feeds it with _feed / _finish; close() drops an unfinished answer's
 connection, so that the worker sees its client leave.
 """
 
@@ -14,12 +14,35 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .timers import expire
 
-if TYPE_CHECKING:
-    from .http1 import Leave, _Connection
+
+class Leave:
+    """How a caller that stops waiting (cancelled, or its timeout passed) leaves its answer behind, instead of
+    dropping the connection (which a worker takes as its client leaving): the connection reads the answer to its
+    end unseen and goes back to the pool, or is dropped at `until` (a loop time); then on_end() runs. `taken`
+    tells the caller that it happened (on_end is then the connection's to call)."""
+
+    __slots__ = ("until", "on_end", "taken")
+
+    def __init__(self, until: float, on_end: Callable[[], None]):
+        self.until, self.on_end, self.taken = until, on_end, False
+
+
+class Wire(Protocol):
+    """What an answer needs of the connection it arrives on (http1's)."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def leave(self, head: asyncio.Future | None, resp: Response | None, leave: Leave) -> None: ...
 
 
 class Response:
@@ -28,7 +51,7 @@ class Response:
     __slots__ = ("status", "headers", "content_type", "_conn", "_chunks", "_done", "_exc", "_waiter",
                  "_on_data", "_on_end")
 
-    def __init__(self, conn: _Connection, status: int, headers: dict[str, str]):
+    def __init__(self, conn: Wire, status: int, headers: dict[str, str]):
         self.status, self.headers, self._conn = status, headers, conn
         self.content_type = headers.get("content-type", "application/octet-stream").split(";", 1)[0].strip().lower()
         self._chunks: list[bytes] = []
@@ -94,7 +117,7 @@ class Response:
         self._conn.resume()
 
     def leave(self, leave: Leave) -> None:
-        """The reader stops waiting: the connection reads the rest unseen (http1.Leave)."""
+        """The reader stops waiting: the connection reads the rest unseen (Leave)."""
         self._conn.leave(None, self, leave)
 
     def close(self) -> None:
