@@ -177,7 +177,7 @@ def test_a_prefiller_killed_mid_transfer_rejoins_with_its_own_command(cluster):
     d_resp = complete(c.urls["d"], prompt, kv_transfer_params=p_resp["kv_transfer_params"], logprobs=1)
     took = time.monotonic() - start
     print(f"D's answer with its READ from the killed P: {took:.2f} s")
-    assert took < 35  # the READ deadline (30 s) bounds it
+    assert took < DEADLINE_S  # no request outlives the deadline (usually 2-6 s: a dead peer fails at once)
     # this READ failed (and maybe those of storm requests that P was feeding when it died)
     assert delta(d_at, d_metrics(c.urls["d"]))["hybrid_pd_failed_transfers_total"] >= 1
     assert_same_greedy(greedy_reference(c.urls["d"], prompt), d_resp)  # D's own answer, as if alone
