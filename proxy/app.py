@@ -22,17 +22,7 @@ import msgspec
 
 from .background import Background
 from .config import ProxyConfig
-from .errors import (
-    BadRequest,
-    NoHealthyWorker,
-    Overloaded,
-    ProxyError,
-    UpstreamError,
-    UpstreamStatus,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-    error_bytes,
-)
+from .errors import MethodNotAllowed, NoHealthyWorker, NotFound, ProxyError, UpstreamTimeout, error_bytes
 from .http_request import Request
 from .http_server import HTTPServer, Limits
 from .openai_api import Endpoint, check_content_type, parse_request
@@ -65,14 +55,14 @@ class ProxyApp:
         try:
             methods = self.routes.get(request.path)
             if methods is None:
-                raise _http_error(404, f"no such endpoint: {request.path}")
+                raise NotFound(f"no such endpoint: {request.path}")
             route = methods.get("GET" if request.method == "HEAD" else request.method)
             if route is None:
-                raise _http_error(405, f"{request.method} is not allowed on {request.path} (allowed: "
-                                       f"{', '.join(methods)})", headers={"Allow": ", ".join(methods)})
+                raise MethodNotAllowed(f"{request.method} is not allowed on {request.path} (allowed: "
+                                       f"{', '.join(methods)})", allow=list(methods))
             await route(request)
         except ProxyError as e:
-            metrics.errors.labels(error_kind(e)).inc()
+            metrics.errors.labels(e.kind).inc()
             if e.status >= 500:
                 log.warning("%s %s -> %d: %s", request.method, request.path, e.status, e.message)
             _answer_error(request, e)
@@ -127,28 +117,12 @@ class ProxyApp:
         request.respond(200, self.state.metrics.render(), content_type="text/plain; version=0.0.4")
 
 
-def _http_error(status: int, message: str, headers: dict[str, str] | None = None) -> ProxyError:
-    err = BadRequest(message)
-    err.status, err.headers = status, headers
-    return err
-
-
 def _answer_error(request: Request, e: ProxyError) -> None:
     if request.started:  # mid-stream (the relay writes its own error event): the client cannot be told more
         if request.transport is not None:
             request.transport.close()
         return
     request.respond(e.status, error_bytes(e), headers=e.headers)
-
-
-def error_kind(e: ProxyError) -> str:
-    if isinstance(e, UpstreamStatus):
-        return "upstream_4xx" if e.is_client_error else "upstream_5xx"
-    for cls, kind in ((BadRequest, "bad_request"), (Overloaded, "overloaded"), (NoHealthyWorker, "no_healthy_worker"),
-                      (UpstreamTimeout, "timeout"), (UpstreamUnavailable, "unavailable"), (UpstreamError, "upstream")):
-        if isinstance(e, cls):
-            return kind
-    return "internal"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """Errors of the proxy, and the one place where they become OpenAI-shaped HTTP responses.
 
-    ProxyError                       -> HTTP status, OpenAI error `type`
+    ProxyError                       -> HTTP status, OpenAI error `type`; `kind` labels the errors metric
     +-- ConfigError                  a configuration that cannot work; the message names the flag to change
-    +-- BadRequest                   400 invalid_request_error: malformed JSON, wrong types, unknown endpoint
+    +-- BadRequest                   400 invalid_request_error: malformed JSON, wrong types
+    |   +-- NotFound                 404 no such endpoint
+    |   +-- MethodNotAllowed         405 the endpoint does not take this method (the answer carries Allow)
     +-- Overloaded                   429 rate_limit_error: the bounded queue is full or waiting took too long
     +-- NoHealthyWorker              503 service_unavailable: no worker of the needed role is admitted
     +-- ShuttingDown                 503 service_unavailable: the proxy stops (a stream cut at its drain timeout)
@@ -13,6 +15,15 @@
         +-- UpstreamUnavailable      502 connection refused/reset, or a response that is not what vLLM sends
 
 Prefill-stage UpstreamErrors other than 4xx never reach the client: the PD flow falls back to decode-only.
+
+The proxy's HTTP client (http1.py, upstream_response.py) raises its own small tree, which upstream.py maps to
+UpstreamUnavailable (asyncio's TimeoutError, to UpstreamTimeout):
+
+    HTTPClientError                  no whole answer from the worker
+    +-- ConnectFailed                no connection could be opened
+    +-- Disconnected                 the worker closed the connection before the answer's head (`retryable`: a
+    |                                reused connection closed before it read the request; sent again once)
+    +-- BrokenAnswer                 closed mid-body, or bytes that are not an HTTP/1.1 answer
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import msgspec
 class ProxyError(Exception):
     status: int = 500
     type: str = "internal_error"
+    kind: str = "internal"  # the errors metric's label
     code: str | None = None
     headers: dict[str, str] | None = None  # of the error answer (405's Allow)
 
@@ -46,17 +58,32 @@ class ConfigError(ProxyError):
 class BadRequest(ProxyError):
     status = 400
     type = "invalid_request_error"
+    kind = "bad_request"
+
+
+class NotFound(BadRequest):
+    status = 404
+
+
+class MethodNotAllowed(BadRequest):
+    status = 405
+
+    def __init__(self, message: str, *, allow: list[str]):
+        super().__init__(message)
+        self.headers = {"Allow": ", ".join(allow)}
 
 
 class Overloaded(ProxyError):
     status = 429
     type = "rate_limit_error"
+    kind = "overloaded"
     code = "queue_full"
 
 
 class NoHealthyWorker(ProxyError):
     status = 503
     type = "service_unavailable"
+    kind = "no_healthy_worker"
     code = "no_healthy_worker"
 
 
@@ -69,6 +96,7 @@ class ShuttingDown(ProxyError):
 class UpstreamError(ProxyError):
     status = 502
     type = "upstream_error"
+    kind = "upstream"
 
     def __init__(self, message: str, *, worker: str = "", stage: str = ""):
         super().__init__(message)
@@ -84,6 +112,7 @@ class UpstreamStatus(UpstreamError):
         self.payload = payload
         super().__init__(_message_of(payload) or f"worker answered HTTP {status}", worker=worker, stage=stage)
         self.type = "invalid_request_error" if 400 <= status < 500 else "upstream_error"
+        self.kind = "upstream_4xx" if 400 <= status < 500 else "upstream_5xx"
 
     @property
     def is_client_error(self) -> bool:
@@ -101,13 +130,34 @@ class UpstreamStatus(UpstreamError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     type = "timeout"
+    kind = "timeout"
     code = "upstream_timeout"
 
 
 class UpstreamUnavailable(UpstreamError):
     status = 502
     type = "upstream_error"
+    kind = "unavailable"
     code = "upstream_unavailable"
+
+
+class HTTPClientError(Exception):
+    """The proxy's HTTP client got no whole answer (mapped to UpstreamUnavailable in upstream.py)."""
+
+
+class ConnectFailed(HTTPClientError):
+    pass
+
+
+class Disconnected(HTTPClientError):
+    def __init__(self, message: str = "the worker closed the connection before answering", *,
+                 retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class BrokenAnswer(HTTPClientError):
+    pass
 
 
 def openai_error(message: str, type_: str, param: str | None, code: Any) -> dict[str, Any]:

@@ -11,9 +11,9 @@ or until close) straight into its Response (upstream_response.py), and the conne
 the answer's
 last byte arrived (its body stays buffered in the Response).
 
-Errors are aiohttp's classes, so that upstream.py maps them at its one boundary as before:
-ClientConnectionError (cannot connect), ServerDisconnectedError (closed before an answer), ClientPayloadError
-(closed or garbled mid-body), TimeoutError (no answer head within `timeout`, or no data within readany's).
+Errors are the client's own (errors.py, mapped in upstream.py): ConnectFailed (cannot connect), Disconnected
+(closed before an answer), BrokenAnswer (closed or garbled mid-body), and TimeoutError (no answer head within
+`timeout`, or no data within readany's).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ import time
 from collections import deque
 from urllib.parse import urlsplit
 
-import aiohttp
-
+from .errors import BrokenAnswer, ConnectFailed, Disconnected
 from .timers import expire
 from .upstream_response import Leave, Response
 
@@ -101,11 +100,9 @@ class _Connection(asyncio.Protocol):
             if self._mode == _UNTIL_CLOSE and exc is None:
                 resp._finish()
             elif not resp._done:
-                resp._finish(aiohttp.ClientPayloadError(f"the worker closed the connection mid-body ({exc!r})"))
+                resp._finish(BrokenAnswer(f"the worker closed the connection mid-body ({exc!r})"))
         elif self._head is not None and not self._head.done():
-            err = aiohttp.ServerDisconnectedError()
-            err.retryable = self.reused and not self._raw  # type: ignore[attr-defined]
-            self._head.set_exception(err)
+            self._head.set_exception(Disconnected(retryable=self.reused and not self._raw))
         self._resp = None
         self._left_done()
 
@@ -117,7 +114,7 @@ class _Connection(asyncio.Protocol):
             if self._resp is not None and self._raw:
                 self._parse_body()
         except ValueError as e:
-            err = aiohttp.ClientPayloadError(f"malformed HTTP answer from the worker: {e}")
+            err = BrokenAnswer(f"malformed HTTP answer from the worker: {e}")
             if self._resp is not None:
                 self._resp._finish(err)
             elif self._head is not None and not self._head.done():
@@ -272,8 +269,8 @@ class HTTPPool:
             timer = loop.call_at(deadline, expire, fut)
             try:
                 return await fut
-            except aiohttp.ServerDisconnectedError as e:
-                if not getattr(e, "retryable", False):
+            except Disconnected as e:
+                if not e.retryable:
                     raise  # a reused connection the worker closed before reading: try once on a fresh one
             except BaseException:
                 if leave is None:
@@ -283,7 +280,7 @@ class HTTPPool:
                 raise
             finally:
                 timer.cancel()
-        raise aiohttp.ServerDisconnectedError()  # pragma: no cover - the loop returns or raises
+        raise Disconnected()  # pragma: no cover - the loop returns or raises
 
     def idle_count(self, base: str) -> int:
         """Idle keep-alive connections to `base` (an answer left behind goes back here once read)."""
@@ -321,7 +318,7 @@ class HTTPPool:
                                        ssl=self._ssl if scheme == "https" else None),
                 max(0.0, min(self.connect_timeout, deadline - loop.time())))
         except OSError as e:
-            raise aiohttp.ClientConnectionError(f"cannot connect to {host}:{port}: {e}") from None
+            raise ConnectFailed(f"cannot connect to {host}:{port}: {e}") from None
         return conn
 
     def _release(self, conn: _Connection) -> None:

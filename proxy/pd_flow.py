@@ -210,7 +210,7 @@ class PDFlow:
                                 deadline=deadline, loop=loop, on_first_byte=ttft)
                             status, usage = result.status, result.usage
                             if result.broken is not None:
-                                self.c(self.m.errors, _kind(result.broken)).inc()
+                                self.c(self.m.errors, result.broken.kind).inc()
                             if result.client_gone:
                                 self.c(self.m.errors, "client_disconnect").inc()
                                 self.c(self.m.requests, req.endpoint, mode, "499").inc()
@@ -245,10 +245,6 @@ class PDFlow:
         if self.cfg.health.interval_s > 0:
             self.s.pool.eject(worker, why)
             self.m.worker_healthy.labels(worker.role, worker.url).set(0)
-
-
-def _kind(err: Exception) -> str:
-    return "timeout" if isinstance(err, UpstreamTimeout) else "unavailable"
 
 
 def _not_busy(worker: Worker) -> None:

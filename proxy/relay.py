@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import msgspec
 
-from .errors import ProxyError, ShuttingDown, UpstreamTimeout, UpstreamUnavailable
+from .errors import HTTPClientError, ProxyError, ShuttingDown, UpstreamTimeout, UpstreamUnavailable
 from .http_request import Request
+from .upstream import unavailable
 from .upstream_response import Response
 
 _decoder = msgspec.json.Decoder()
@@ -92,9 +92,8 @@ async def relay_sse(request: Request, resp: Response, fix: FixUsage, *, worker: 
         write_stream_error(request, ShuttingDown("the proxy is shutting down and its drain timeout "
                                                  "(--drain-timeout-s) passed; retry the request"))
         raise
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-        result.broken = UpstreamUnavailable(f"decode worker {worker} broke the stream: {e!r}", worker=worker,
-                                            stage="decode")
+    except HTTPClientError as e:
+        result.broken = unavailable(e, worker, "decode", "broke the stream")
         write_stream_error(request, result.broken)
     finally:
         resp.stop_streaming()

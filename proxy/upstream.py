@@ -1,5 +1,6 @@
-"""HTTP to the workers: pooled keep-alive connections (http1.py), and the one boundary where aiohttp and asyncio
-errors become the proxy's UpstreamError tree (errors.py).
+"""HTTP to the workers: pooled keep-alive connections (http1.py), and the one boundary where the HTTP client's
+errors and asyncio's timeouts become the proxy's UpstreamError tree (errors.py): `unavailable` below, which the
+relay uses too for an answer that breaks mid-stream.
 
 The calls to the workers go through http1.HTTPPool; the aiohttp session stays for what is not on a request's
 path (the Kubernetes API, with TLS and its own headers)."""
@@ -15,7 +16,7 @@ import aiohttp
 import msgspec
 
 from .config_sections import Timeouts
-from .errors import UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
+from .errors import HTTPClientError, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .http1 import HTTPPool
 from .upstream_response import Leave, Response
 
@@ -68,7 +69,7 @@ class Upstream:
             finally:
                 resp.close()
             return resp.status == 200
-        except (aiohttp.ClientError, OSError, TimeoutError):
+        except (HTTPClientError, OSError, TimeoutError):
             return False
 
     @contextlib.asynccontextmanager
@@ -87,13 +88,12 @@ class Upstream:
                     resp.close()
         except UpstreamError:
             raise
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        except (TimeoutError, HTTPClientError, OSError) as e:
             _raise_mapped(e, base, stage, first_byte_timeout)
         try:
             yield resp
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-            raise UpstreamUnavailable(f"{stage} worker {base} broke the response: {e!r}", worker=base,
-                                      stage=stage) from None
+        except HTTPClientError as e:
+            raise unavailable(e, base, stage, "broke the response") from None
         finally:
             resp.close()  # an unfinished answer's connection is dropped, not pooled
 
@@ -111,7 +111,7 @@ class Upstream:
             finally:
                 if leave is None or not leave.taken:
                     resp.close()
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        except (TimeoutError, HTTPClientError, OSError) as e:
             _raise_mapped(e, base, stage, timeout)
         return self._decode(resp.status, raw, base, stage)
 
@@ -133,8 +133,15 @@ def _json_headers(headers: dict[str, str] | None) -> dict[str, str]:
     return {**JSON_HEADERS, **headers} if headers else JSON_HEADERS
 
 
+def unavailable(e: HTTPClientError | OSError, worker: str, stage: str,
+                what: str = "unreachable") -> UpstreamUnavailable:
+    """The client's error (or the socket's) as the proxy's: `{stage} worker {worker} {what}: {e!r}`."""
+    return UpstreamUnavailable(f"{stage} worker {worker} {what}: {e!r}", worker=worker, stage=stage)
+
+
 def _raise_mapped(e: BaseException, base: str, stage: str, timeout: float) -> NoReturn:
     if isinstance(e, TimeoutError):
         raise UpstreamTimeout(f"{stage} worker {base} gave no answer within {timeout:g} s", worker=base,
                               stage=stage) from None
-    raise UpstreamUnavailable(f"{stage} worker {base} unreachable: {e!r}", worker=base, stage=stage) from None
+    assert isinstance(e, (HTTPClientError, OSError))
+    raise unavailable(e, base, stage) from None
