@@ -164,3 +164,55 @@ class ProxyMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class FlowRecorder:
+    """What the PD flow (pd_flow.py) records, one call per fact."""
+
+    __slots__ = ("metrics",)
+
+    def __init__(self, metrics: ProxyMetrics):
+        self.metrics = metrics
+
+    def decision(self, decision: str) -> None:
+        self.metrics.disagg.labels(decision).inc()
+
+    def routed(self, role: str, policy: str, worker: str) -> None:
+        self.metrics.routing.labels(role, policy, worker).inc()
+
+    def fallback(self, reason: str) -> None:
+        self.metrics.fallbacks.labels(reason).inc()
+
+    def hit(self, kind: str, tokens: int) -> None:
+        self.metrics.hit_tokens.labels(kind).inc(tokens)
+
+    def stage(self, stage: str, seconds: float) -> None:
+        self.metrics.stage_latency.labels(stage).observe(seconds)
+
+    def ttft(self, endpoint: str, seconds: float) -> None:
+        self.metrics.ttft.labels(endpoint).observe(seconds)
+
+    def latency(self, endpoint: str, seconds: float) -> None:
+        self.metrics.latency.labels(endpoint).observe(seconds)
+
+    def error(self, kind: str) -> None:
+        self.metrics.errors.labels(kind).inc()
+
+    def abandoned_prefill(self) -> None:
+        self.metrics.abandoned_prefills.inc()
+
+    def worker_down(self, role: str, worker: str) -> None:
+        self.metrics.worker_healthy.labels(role, worker).set(0)
+
+    def request(self, endpoint: str, mode: str, status: str) -> None:
+        self.metrics.requests.labels(endpoint, mode, status).inc()
+
+    def answered(self, endpoint: str, mode: str, status: int, usage: Any) -> None:
+        """A request answered with `status`; `usage` is the answer's usage object (or None)."""
+        self.request(endpoint, mode, str(status))
+        if isinstance(usage, dict):
+            if isinstance(usage.get("prompt_tokens"), int):
+                self.metrics.prompt_tokens.inc(usage["prompt_tokens"])
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                self.hit("reported_cached", details["cached_tokens"])

@@ -20,6 +20,10 @@ from .errors import HTTPClientError, UpstreamError, UpstreamStatus, UpstreamTime
 from .http1 import HTTPPool
 from .upstream_response import Leave, Response
 
+# post_json's `leave_behind` option: LeaveBehind(until, on_end) (a loop time; run when the connection is done with
+# the answer), `.taken` once the caller stopped waiting and the answer was left behind
+LeaveBehind = Leave
+
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -50,12 +54,13 @@ class Upstream:
         return self._session
 
     async def post_json(self, base: str, path: str, body: Any, *, timeout: float, stage: str,
-                        headers: dict[str, str] | None = None, leave: Leave | None = None) -> Any:
-        """POST a JSON body, return the decoded JSON answer; HTTP >= 400 raises UpstreamStatus. With `leave`, a
-        caller cancelled or timed out leaves the answer behind rather than dropping the connection
-        (upstream_response.Leave)."""
+                        headers: dict[str, str] | None = None, leave_behind: LeaveBehind | None = None) -> Any:
+        """POST a JSON body, return the decoded JSON answer; HTTP >= 400 raises UpstreamStatus. With
+        `leave_behind`, a caller cancelled or timed out leaves the answer behind (the connection reads it unseen,
+        until leave_behind.until) rather than dropping the connection, which the worker takes as its client
+        leaving."""
         return await self._call("POST", base, path, _encoder.encode(body), _json_headers(headers), timeout, stage,
-                                leave)
+                                leave_behind)
 
     async def get_json(self, base: str, path: str, *, timeout: float, stage: str,
                        headers: dict[str, str] | None = None) -> Any:

@@ -85,24 +85,38 @@ class WorkerPool:
         w.healthy, w.failures = True, 0
 
     @staticmethod
-    def busy(w: Worker) -> _Busy:
-        """`with pool.busy(w):` counts a request in flight on w (a class: this runs twice per request)."""
-        return _Busy(w)
+    def busy(w: Worker) -> Busy:
+        """`with pool.busy(w) as busy:` counts a request in flight on w (a class: this runs twice per request)."""
+        return Busy(w)
 
     def _emit(self, what: str, w: Worker) -> None:
         for listener in self._listeners:
             listener(what, w)
 
 
-class _Busy:
-    __slots__ = ("worker",)
+class Busy:
+    """One request counted in flight on a worker for the `with` block; `keep()` inside the block keeps it counted
+    past the block, until `release()` (a prefill answer left behind still occupies P)."""
+
+    __slots__ = ("worker", "_held", "_kept")
 
     def __init__(self, worker: Worker):
         self.worker = worker
+        self._held = self._kept = False
 
-    def __enter__(self) -> Worker:
+    def __enter__(self) -> Busy:
         self.worker.in_flight += 1
-        return self.worker
+        self._held = True
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        self.worker.in_flight -= 1
+        if not self._kept:
+            self.release()
+
+    def keep(self) -> None:
+        self._kept = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.worker.in_flight -= 1
