@@ -1,8 +1,8 @@
 """`HybridPDConnector`: the vLLM subclass. It only translates between vLLM and the pure halves.
 
 Scheduler role -> `SchedulerSide` (+ `BlockPoolCheckpoints`, the prefix-cache access for Mamba
-checkpoints); worker role -> `WorkerSide` over a `NixlTransport` and a ZMQ side channel. Every `vllm`
-import of the connector lives here and in `vllm_stats`.
+checkpoints); worker role -> `WorkerSide` over a `NixlTransport` and a ZMQ side channel. Settings come from one
+`ConnectorConfig` (config.py), built here once. Every `vllm` import of the connector lives here and in `vllm_stats`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.core.kv_cache_utils import resolve_block_hashes
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
+from hybrid_pd.connector.config import ConnectorConfig
 from hybrid_pd.connector.errors import ConfigurationError
 from hybrid_pd.connector.messages import PROTOCOL_VERSION, Handshake, Region, encode
 from hybrid_pd.connector.plan import GroupSpec
 from hybrid_pd.connector.scheduler_side import SchedulerSide
-from hybrid_pd.connector.transport import nixl_backend
 from hybrid_pd.connector.worker_side import StepMeta, WorkerSide
 
 log = logging.getLogger("vllm.hybrid_pd.connector")
@@ -109,34 +109,36 @@ class BlockPoolCheckpoints:
             self.pool.free_blocks(blocks)
 
 
+def _scheduler(connector: HybridPDConnector) -> SchedulerSide:
+    # (a function, not a method: every method of the connector overrides vLLM's, test_vllm_compat checks it)
+    assert connector.sched is not None, "vLLM calls the scheduler-side methods on the scheduler's connector only"
+    return connector.sched
+
+
 class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         ktc = vllm_config.kv_transfer_config
-        extra = dict(ktc.kv_connector_extra_config or {})
+        self.config = ConnectorConfig.from_sources(dict(ktc.kv_connector_extra_config or {}), os.environ)
         self.groups = group_specs(kv_cache_config)
-        if any(g.kind == "mamba" for g in self.groups) and os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT") != "DS":
+        if any(g.kind == "mamba" for g in self.groups) and self.config.conv_state_layout != "DS":
             raise ConfigurationError("hybrid-pd moves Mamba conv state in the DS layout: set "
                                      "VLLM_SSM_CONV_STATE_LAYOUT=DS on prefill and decode (the launchers do)")
         self.engine_id = str(ktc.engine_id)
-        self.host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
-        self.port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
-        # kv_connector_extra_config wins; the environment serves launchers that own --kv-transfer-config
-        self.read_timeout_s = float(extra.get("read_timeout_s", os.environ.get("HYBRID_PD_READ_TIMEOUT_S", 30)))
-        lease_s = float(extra.get("lease_s", os.environ.get("HYBRID_PD_LEASE_S", 120)))
-        ship = str(extra.get("ship_checkpoints", os.environ.get("HYBRID_PD_SHIP_CHECKPOINTS", "1"))).lower()
-        self.nixl_backend = nixl_backend(extra, os.environ)  # checked in both roles: a typo fails at start-up
+        self.host, self.port = self.config.side_channel_host, self.config.side_channel_port
+        self.read_timeout_s = self.config.read_timeout_s
+        self.nixl_backend = self.config.nixl_backend
         # vLLM < 0.32 has no per-request failure channel; HYBRID_PD_TRANSFER_RESULTS=legacy takes that path
         # on newer releases too (tests)
-        self.legacy_results = os.environ.get("HYBRID_PD_TRANSFER_RESULTS") == "legacy"
+        self.legacy_results = self.config.legacy_transfer_results
         self._failed_loads: set[str] = set()
         self.sched: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         self._server: Any = None  # the SideChannelServer (imported with NIXL, on the worker side only)
         if role == KVConnectorRole.SCHEDULER:
             self.sched = SchedulerSide(engine_id=self.engine_id, host=self.host, port=self.port,
-                                       groups=self.groups, lease_s=lease_s,
-                                       ship_checkpoints=ship not in ("0", "false", "no"))
+                                       groups=self.groups, lease_s=self.config.lease_s,
+                                       ship_checkpoints=self.config.ship_checkpoints)
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config) -> bool:
@@ -152,11 +154,6 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         return True
 
     # ---- scheduler side ---------------------------------------------------------------------------------
-    @property
-    def _sched(self) -> SchedulerSide:
-        assert self.sched is not None, "vLLM calls the scheduler-side methods on the scheduler's connector only"
-        return self.sched
-
     def bind_gpu_block_pool(self, gpu_block_pool) -> None:
         if self.sched is not None:
             self.sched.store = BlockPoolCheckpoints(gpu_block_pool, self.groups)
@@ -165,25 +162,25 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         return tuple(range(len(self.groups)))
 
     def on_new_request(self, request) -> None:
-        self._sched.on_new_request(request)
+        _scheduler(self).on_new_request(request)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
-        return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
+        return _scheduler(self).get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
-        self._sched.update_state_after_alloc(request, blocks.get_block_ids(), num_external_tokens)
+        _scheduler(self).update_state_after_alloc(request, blocks.get_block_ids(), num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
-        return HybridPDMetadata(self._sched.build_meta())
+        return HybridPDMetadata(_scheduler(self).build_meta())
 
     def update_connector_output(self, connector_output) -> None:
         # vLLM calls this before it acts on finished_recving, so a failed load can still be rewound
         failed = set(getattr(connector_output, "failed_recving", None) or ())
         legacy = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(legacy, FailedLoads) and legacy.request_ids:
-            self._sched.rewind_failed_loads(legacy.request_ids)
+            _scheduler(self).rewind_failed_loads(legacy.request_ids)
             failed |= legacy.request_ids
-        self._sched.on_transfer_results(set(connector_output.finished_sending or ()),
+        _scheduler(self).on_transfer_results(set(connector_output.finished_sending or ()),
                                        set(connector_output.finished_recving or ()), failed)
 
     def request_finished(self, request, block_ids):
@@ -193,7 +190,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         from vllm.v1.request import RequestStatus
 
         ok = request.status in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
-        return self._sched.request_finished(request, block_ids, ok)
+        return _scheduler(self).request_finished(request, block_ids, ok)
 
     # ---- worker side ------------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:

@@ -1,0 +1,77 @@
+"""The connector's settings: one frozen object, built once when vLLM creates the connector, validated when built.
+
+Each setting comes from vLLM's `kv_connector_extra_config` when it names it, else from the environment (the
+launchers own --kv-transfer-config, so Kubernetes and the launchers set the environment), else its default:
+
+    extra config key    environment                    default    what
+    read_timeout_s      HYBRID_PD_READ_TIMEOUT_S       30         a READ's deadline on D, seconds
+    lease_s             HYBRID_PD_LEASE_S              120        how long P keeps blocks no decoder read, seconds
+    ship_checkpoints    HYBRID_PD_SHIP_CHECKPOINTS     1          ship P's aligned Mamba checkpoint to D
+    nixl_backend        HYBRID_PD_NIXL_BACKEND         UCX        UCX or LIBFABRIC
+                        VLLM_NIXL_SIDE_CHANNEL_HOST    127.0.0.1  where peers reach this engine's side channel
+                        VLLM_NIXL_SIDE_CHANNEL_PORT    5600       its port (+ the TP rank)
+                        HYBRID_PD_TRANSFER_RESULTS     (unset)    `legacy`: vLLM < 0.32's failed-load path
+                        VLLM_SSM_CONV_STATE_LAYOUT     (unset)    must be DS for a model with Mamba groups
+
+A value that does not parse raises ConfigurationError naming the key (or variable) it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from hybrid_pd.connector.errors import ConfigurationError
+from hybrid_pd.connector.transport import nixl_backend
+
+T = TypeVar("T")
+FALSE_WORDS = ("0", "false", "no")
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    side_channel_host: str = "127.0.0.1"
+    side_channel_port: int = 5600
+    read_timeout_s: float = 30.0
+    lease_s: float = 120.0
+    ship_checkpoints: bool = True
+    nixl_backend: str = "UCX"
+    legacy_transfer_results: bool = False
+    conv_state_layout: str | None = None
+
+    @classmethod
+    def from_sources(cls, extra: Mapping[str, Any], env: Mapping[str, str]) -> ConnectorConfig:
+        def setting(key: str | None, var: str, default: T, parse: Callable[[Any], T]) -> T:
+            if key is not None and key in extra:
+                raw, source = extra[key], f"kv_connector_extra_config {key}"
+            elif var in env:
+                raw, source = env[var], var
+            else:
+                return default
+            try:
+                return parse(raw)
+            except (TypeError, ValueError):
+                raise ConfigurationError(f"{source}={raw!r}: expected {_WHAT[parse]}") from None
+
+        config = cls(
+            side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1"),
+            side_channel_port=setting(None, "VLLM_NIXL_SIDE_CHANNEL_PORT", 5600, int),
+            read_timeout_s=setting("read_timeout_s", "HYBRID_PD_READ_TIMEOUT_S", 30.0, float),
+            lease_s=setting("lease_s", "HYBRID_PD_LEASE_S", 120.0, float),
+            ship_checkpoints=setting("ship_checkpoints", "HYBRID_PD_SHIP_CHECKPOINTS", True, _flag),
+            nixl_backend=nixl_backend(extra, env),  # checked in both roles: a typo fails at start-up
+            legacy_transfer_results=env.get("HYBRID_PD_TRANSFER_RESULTS") == "legacy",
+            conv_state_layout=env.get("VLLM_SSM_CONV_STATE_LAYOUT"),
+        )
+        for name, value in (("read_timeout_s", config.read_timeout_s), ("lease_s", config.lease_s)):
+            if not value > 0:
+                raise ConfigurationError(f"{name}={value}: must be > 0 seconds")
+        return config
+
+
+def _flag(raw: Any) -> bool:
+    return str(raw).lower() not in FALSE_WORDS
+
+
+_WHAT: dict[Callable[[Any], Any], str] = {int: "an integer", float: "a number of seconds", _flag: "a flag"}

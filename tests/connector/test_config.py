@@ -1,0 +1,34 @@
+"""ConnectorConfig: extra config wins over the environment, defaults otherwise; bad values name their key."""
+
+import pytest
+
+from hybrid_pd.connector.config import ConnectorConfig
+from hybrid_pd.connector.errors import ConfigurationError
+
+
+def test_defaults():
+    assert ConnectorConfig.from_sources({}, {}) == ConnectorConfig()
+
+
+def test_extra_config_wins_over_the_environment():
+    env = {"HYBRID_PD_READ_TIMEOUT_S": "5", "HYBRID_PD_LEASE_S": "10", "HYBRID_PD_SHIP_CHECKPOINTS": "no",
+           "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5610",
+           "HYBRID_PD_TRANSFER_RESULTS": "legacy", "VLLM_SSM_CONV_STATE_LAYOUT": "DS"}
+    from_env = ConnectorConfig.from_sources({}, env)
+    assert from_env == ConnectorConfig("10.0.0.7", 5610, 5.0, 10.0, False, "UCX", True, "DS")
+    both = ConnectorConfig.from_sources({"read_timeout_s": 7, "ship_checkpoints": True,
+                                         "nixl_backend": "LIBFABRIC"}, env)
+    assert (both.read_timeout_s, both.lease_s, both.ship_checkpoints, both.nixl_backend) == (7.0, 10.0, True,
+                                                                                             "LIBFABRIC")
+
+
+@pytest.mark.parametrize(("extra", "env", "named"), [
+    ({"read_timeout_s": "soon"}, {}, "kv_connector_extra_config read_timeout_s='soon'"),
+    ({}, {"HYBRID_PD_LEASE_S": "2m"}, "HYBRID_PD_LEASE_S='2m'"),
+    ({}, {"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, "VLLM_NIXL_SIDE_CHANNEL_PORT='x'"),
+    ({"lease_s": 0}, {}, "lease_s=0"),
+    ({"nixl_backend": "GDS"}, {}, "nixl_backend='GDS'"),
+])
+def test_a_bad_value_names_its_key(extra, env, named):
+    with pytest.raises(ConfigurationError, match=named.replace("(", r"\(")):
+        ConnectorConfig.from_sources(extra, env)
