@@ -50,22 +50,29 @@ class Handshake(msgspec.Struct, frozen=True):
         if self.group_kinds != local.group_kinds:
             problems.append(f"KV-cache groups {self.group_kinds} != ours {local.group_kinds}")
         if self.block_sizes != local.block_sizes:
-            problems.append(f"block sizes {self.block_sizes} != ours {local.block_sizes} (heterogeneous "
-                            "block sizes are not supported: start both with the same --block-size)")
+            problems.append(
+                f"block sizes {self.block_sizes} != ours {local.block_sizes} (heterogeneous "
+                "block sizes are not supported: start both with the same --block-size)"
+            )
         ours = {r.layer: r for r in local.regions}
         theirs = {r.layer: r for r in self.regions}
         if set(ours) != set(theirs):
-            problems.append(f"layers differ: only remote {sorted(set(theirs) - set(ours))[:4]}, only local "
-                            f"{sorted(set(ours) - set(theirs))[:4]}")
+            problems.append(
+                f"layers differ: only remote {sorted(set(theirs) - set(ours))[:4]}, only local "
+                f"{sorted(set(ours) - set(theirs))[:4]}"
+            )
         for name in sorted(set(ours) & set(theirs)):
             if (ours[name].length, ours[name].group) != (theirs[name].length, theirs[name].group):
-                problems.append(f"layer {name}: remote moves {theirs[name].length} B per block in group "
-                                f"{theirs[name].group}, we {ours[name].length} B in group {ours[name].group} "
-                                "(other model, dtype, TP size or conv-state layout)")
+                problems.append(
+                    f"layer {name}: remote moves {theirs[name].length} B per block in group "
+                    f"{theirs[name].group}, we {ours[name].length} B in group {ours[name].group} "
+                    "(other model, dtype, TP size or conv-state layout)"
+                )
                 break
         if problems:
-            raise IncompatiblePeer(f"prefiller {self.engine_id} (rank {self.tp_rank}) cannot feed this "
-                                   "decoder: " + "; ".join(problems))
+            raise IncompatiblePeer(
+                f"prefiller {self.engine_id} (rank {self.tp_rank}) cannot feed this decoder: " + "; ".join(problems)
+            )
 
 
 class CheckpointRef(msgspec.Struct, frozen=True):
@@ -99,8 +106,10 @@ def parse_remote_prefill(params: dict) -> RemotePrefill:
     """D side: the kv_transfer_params of a request, validated (BadTransferParams if unusable)."""
     version = params.get("hybrid_pd_version")
     if version != PROTOCOL_VERSION:
-        raise BadTransferParams(f"kv_transfer_params of protocol version {version!r}, this decoder speaks "
-                                f"{PROTOCOL_VERSION}: was the prefiller started with --connector hybrid?")
+        raise BadTransferParams(
+            f"kv_transfer_params of protocol version {version!r}, this decoder speaks "
+            f"{PROTOCOL_VERSION}: was the prefiller started with --connector hybrid?"
+        )
     try:
         return msgspec.convert(params, RemotePrefill)
     except msgspec.ValidationError as e:
@@ -148,10 +157,11 @@ def decode_handshake(data: bytes) -> Handshake:
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise IncompatiblePeer(f"unreadable handshake ({len(data)} B): {e}") from None
     if version != PROTOCOL_VERSION:
-        raise IncompatiblePeer(f"peer speaks hybrid-pd protocol version {version!r}, we speak "
-                               f"{PROTOCOL_VERSION}: run the same hybrid-pd release on prefill and decode")
+        raise IncompatiblePeer(
+            f"peer speaks hybrid-pd protocol version {version!r}, we speak "
+            f"{PROTOCOL_VERSION}: run the same hybrid-pd release on prefill and decode"
+        )
     try:
         return msgspec.msgpack.decode(data, type=Handshake)
     except msgspec.ValidationError as e:
         raise IncompatiblePeer(f"handshake of version {version} does not match ours: {e}") from None
-

@@ -94,9 +94,14 @@ def coalesce(group: int, pairs: Sequence[tuple[int, int]]) -> list[Run]:
     return runs
 
 
-def plan_transfer(groups: Sequence[GroupSpec], remote_ids: Sequence[Sequence[int]],
-                  local_ids: Sequence[Sequence[int]], num_tokens: int, local_hit_tokens: int,
-                  checkpoints: Sequence[Checkpoint] = ()) -> TransferPlan:
+def plan_transfer(
+    groups: Sequence[GroupSpec],
+    remote_ids: Sequence[Sequence[int]],
+    local_ids: Sequence[Sequence[int]],
+    num_tokens: int,
+    local_hit_tokens: int,
+    checkpoints: Sequence[Checkpoint] = (),
+) -> TransferPlan:
     """What D must read from P so that it holds `num_tokens` prompt tokens, given its own hit."""
     if not len(groups) == len(remote_ids) == len(local_ids):
         raise PlanError(f"{len(groups)} groups but {len(remote_ids)} remote and {len(local_ids)} local lists")
@@ -111,14 +116,16 @@ def plan_transfer(groups: Sequence[GroupSpec], remote_ids: Sequence[Sequence[int
         if local_hit_tokens % bs:
             raise PlanError(f"group {g}: local hit {local_hit_tokens} is not a multiple of block size {bs}")
         if len(remote) < needed or len(local) < needed:
-            raise PlanError(f"group {g} ({spec.kind}): {num_tokens} tokens need {needed} blocks, P lists "
-                            f"{len(remote)} and D lists {len(local)}")
+            raise PlanError(
+                f"group {g} ({spec.kind}): {num_tokens} tokens need {needed} blocks, P lists "
+                f"{len(remote)} and D lists {len(local)}"
+            )
         first = local_hit_tokens // bs
         if spec.kind == "attention":
             skipped += first
             pairs = list(zip(local[first:needed], remote[first:needed]))
         else:
-            dropped += sum(1 for b in remote[:needed - 1] if b == NULL_BLOCK)
+            dropped += sum(1 for b in remote[: needed - 1] if b == NULL_BLOCK)
             pairs = []
             for cp in checkpoints:
                 if cp.group == g and local_hit_tokens < cp.tokens < num_tokens and cp.tokens % bs == 0:
@@ -128,7 +135,8 @@ def plan_transfer(groups: Sequence[GroupSpec], remote_ids: Sequence[Sequence[int
                 pairs.append((local[needed - 1], remote[needed - 1]))
         for local_id, remote_id in pairs:
             if local_id == NULL_BLOCK or remote_id == NULL_BLOCK:
-                raise PlanError(f"group {g} ({spec.kind}): a needed block is a placeholder "
-                                f"(local {local_id}, remote {remote_id})")
+                raise PlanError(
+                    f"group {g} ({spec.kind}): a needed block is a placeholder (local {local_id}, remote {remote_id})"
+                )
         runs += coalesce(g, pairs)
     return TransferPlan(tuple(runs), num_tokens, tuple(kept), skipped, dropped)

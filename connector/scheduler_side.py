@@ -41,9 +41,17 @@ class CheckpointStore(Protocol):
 
 
 class SchedulerSide:
-    def __init__(self, *, engine_id: str, host: str, port: int, groups: Sequence[GroupSpec],
-                 lease_s: float = 120.0, checkpoints: CheckpointStore | None = None,
-                 ship_checkpoints: bool = True):
+    def __init__(
+        self,
+        *,
+        engine_id: str,
+        host: str,
+        port: int,
+        groups: Sequence[GroupSpec],
+        lease_s: float = 120.0,
+        checkpoints: CheckpointStore | None = None,
+        ship_checkpoints: bool = True,
+    ):
         self.engine_id, self.host, self.port = engine_id, host, port
         self.groups = list(groups)
         self.lease_s = lease_s
@@ -77,8 +85,9 @@ class SchedulerSide:
         request.max_tokens = 1
         params[MARK_TRUNCATED] = True
 
-    def request_finished(self, request: Any, block_ids: Sequence[Sequence[int]],
-                         finished_ok: bool) -> tuple[bool, dict | None]:
+    def request_finished(
+        self, request: Any, block_ids: Sequence[Sequence[int]], finished_ok: bool
+    ) -> tuple[bool, dict | None]:
         params = request.kv_transfer_params
         if not params:
             return False, None
@@ -93,10 +102,16 @@ class SchedulerSide:
             return False, None
         refs = self._pin_checkpoints(request, num_tokens)
         self._meta.leases[request.request_id] = self.lease_s
-        rp = RemotePrefill(remote_engine_id=self.engine_id, remote_request_id=request.request_id,
-                           remote_host=self.host, remote_port=self.port,
-                           remote_block_ids=[list(g) for g in block_ids], remote_num_tokens=num_tokens,
-                           lease_s=self.lease_s, checkpoints=refs)
+        rp = RemotePrefill(
+            remote_engine_id=self.engine_id,
+            remote_request_id=request.request_id,
+            remote_host=self.host,
+            remote_port=self.port,
+            remote_block_ids=[list(g) for g in block_ids],
+            remote_num_tokens=num_tokens,
+            lease_s=self.lease_s,
+            checkpoints=refs,
+        )
         return True, rp.to_params()
 
     def _pin_checkpoints(self, request: Any, num_tokens: int) -> list[CheckpointRef]:
@@ -133,8 +148,9 @@ class SchedulerSide:
         count = min(remote.remote_num_tokens, request.num_prompt_tokens) - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
-    def update_state_after_alloc(self, request: Any, block_ids: Sequence[Sequence[int]],
-                                 num_external_tokens: int) -> None:
+    def update_state_after_alloc(
+        self, request: Any, block_ids: Sequence[Sequence[int]], num_external_tokens: int
+    ) -> None:
         remote = self._remote(request)
         if remote is None:
             return
@@ -150,12 +166,18 @@ class SchedulerSide:
         except ConnectorError as e:  # the worker fails the request, vLLM recomputes it
             log.warning("request %s: no usable transfer plan: %s", request.request_id, e)
             self._release(landing)
-            self._meta.loads.append(LoadJob(request.request_id, remote, None, f"no transfer plan: {e}",
-                                            fail=True))
+            self._meta.loads.append(LoadJob(request.request_id, remote, None, f"no transfer plan: {e}", fail=True))
             return
-        log.info("request %s: load %d tokens from %s, local hit %d, %d blocks in %d runs, checkpoints %s",
-                 request.request_id, num_tokens, remote.remote_engine_id, hit, plan.num_blocks, len(plan.runs),
-                 [(c.tokens, c.local_block) for c in plan.checkpoints])
+        log.info(
+            "request %s: load %d tokens from %s, local hit %d, %d blocks in %d runs, checkpoints %s",
+            request.request_id,
+            num_tokens,
+            remote.remote_engine_id,
+            hit,
+            plan.num_blocks,
+            len(plan.runs),
+            [(c.tokens, c.local_block) for c in plan.checkpoints],
+        )
         self._release([c for c in landing if c not in plan.checkpoints])
         if plan.checkpoints:
             self._landing[request.request_id] = (request, list(plan.checkpoints))
@@ -199,8 +221,9 @@ class SchedulerSide:
         meta, self._meta = self._meta, StepMeta()
         return meta
 
-    def on_transfer_results(self, finished_sending: set[str], finished_recving: set[str],
-                            failed_recving: set[str]) -> None:
+    def on_transfer_results(
+        self, finished_sending: set[str], finished_recving: set[str], failed_recving: set[str]
+    ) -> None:
         for req_id in finished_sending:
             blocks = self._pinned.pop(req_id, None)
             if blocks:

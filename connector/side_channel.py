@@ -31,8 +31,9 @@ class SideChannelServer:
             self._sock.bind(self.address)
         except zmq.ZMQError as e:
             self._ctx.destroy(linger=0)
-            raise HandshakeError(f"cannot serve the side channel on {self.address}: {e} (is "
-                                 "VLLM_NIXL_SIDE_CHANNEL_PORT free?)") from e
+            raise HandshakeError(
+                f"cannot serve the side channel on {self.address}: {e} (is VLLM_NIXL_SIDE_CHANNEL_PORT free?)"
+            ) from e
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="hybrid-pd-side-channel", daemon=True)
         self._thread.start()

@@ -42,12 +42,22 @@ def descriptors(local: Sequence[Region], remote: Sequence[Region], runs: Iterabl
             if run.local_start + run.count > mine.num_blocks or run.remote_start + run.count > peer.num_blocks:
                 raise TransportError(f"layer {mine.layer}: run {run} outside the registered blocks")
             if mine.blocks_abut and peer.blocks_abut:
-                out.append(Desc(mine.base + run.local_start * mine.stride,
-                                peer.base + run.remote_start * peer.stride, run.count * mine.length))
+                out.append(
+                    Desc(
+                        mine.base + run.local_start * mine.stride,
+                        peer.base + run.remote_start * peer.stride,
+                        run.count * mine.length,
+                    )
+                )
             else:
-                out += [Desc(mine.base + (run.local_start + i) * mine.stride,
-                             peer.base + (run.remote_start + i) * peer.stride, mine.length)
-                        for i in range(run.count)]
+                out += [
+                    Desc(
+                        mine.base + (run.local_start + i) * mine.stride,
+                        peer.base + (run.remote_start + i) * peer.stride,
+                        mine.length,
+                    )
+                    for i in range(run.count)
+                ]
     return out
 
 
@@ -104,8 +114,7 @@ class NixlTransport:
     def __init__(self, name: str, mem_type: str = "DRAM", delay_us: int | None = None, backend: str = "UCX"):
         from hybrid_pd.connector import nixl_delay
 
-        nixl_delay.install(delay_us if delay_us is not None else int(os.environ.get("NIXL_PTHR_DELAY_US")
-                                                                      or 1000))
+        nixl_delay.install(delay_us if delay_us is not None else int(os.environ.get("NIXL_PTHR_DELAY_US") or 1000))
         try:
             from nixl._api import nixl_agent, nixl_agent_config
 
@@ -124,8 +133,9 @@ class NixlTransport:
             raise TransportError(f"NIXL {what} failed: {e}") from e
 
     def register(self, ranges: Sequence[tuple[int, int]]) -> None:
-        descs = self._call("get_reg_descs", self.agent.get_reg_descs,
-                           [(addr, size, 0, "") for addr, size in ranges], self.mem_type)
+        descs = self._call(
+            "get_reg_descs", self.agent.get_reg_descs, [(addr, size, 0, "") for addr, size in ranges], self.mem_type
+        )
         self._call("register_memory", self.agent.register_memory, descs)
         self._registered.append(descs)
 
@@ -142,8 +152,9 @@ class NixlTransport:
     def _dlist(self, rows: list[tuple[int, int, int]]) -> Any:
         import numpy as np
 
-        return self._call("get_xfer_descs", self.agent.get_xfer_descs,
-                          np.array(rows, dtype=np.uint64).reshape(-1, 3), self.mem_type)
+        return self._call(
+            "get_xfer_descs", self.agent.get_xfer_descs, np.array(rows, dtype=np.uint64).reshape(-1, 3), self.mem_type
+        )
 
     def read(self, peer: str, descs: Sequence[Desc]) -> Any:
         local = self._dlist([(d.local, d.length, 0) for d in descs])

@@ -58,8 +58,9 @@ def group_specs(kv_cache_config) -> list[GroupSpec]:
         elif isinstance(spec, FullAttentionSpec) and getattr(spec, "sliding_window", None) is None:
             out.append(GroupSpec("attention", spec.block_size))
         else:
-            raise ConfigurationError(f"KV-cache group {i} is {type(spec).__name__}: hybrid-pd moves full "
-                                     "attention and Mamba groups only")
+            raise ConfigurationError(
+                f"KV-cache group {i} is {type(spec).__name__}: hybrid-pd moves full attention and Mamba groups only"
+            )
     return out
 
 
@@ -82,8 +83,12 @@ class BlockPoolCheckpoints:
                 self.pool.touch(hit)
                 self._held[hit[0].block_id] = hit[0]
                 if (idx + 1) * bs < tokens:
-                    log.info("request %s: no Mamba checkpoint at %d tokens on P, shipping the one at %d",
-                             request.request_id, tokens, (idx + 1) * bs)
+                    log.info(
+                        "request %s: no Mamba checkpoint at %d tokens on P, shipping the one at %d",
+                        request.request_id,
+                        tokens,
+                        (idx + 1) * bs,
+                    )
                 return hit[0].block_id, (idx + 1) * bs
         return None
 
@@ -100,8 +105,9 @@ class BlockPoolCheckpoints:
         idx = tokens // bs - 1
         blocks = [self.pool.null_block] * idx + [block]
         self.pool.cache_full_blocks(request, blocks, idx, idx + 1, bs, group)
-        log.info("request %s: Mamba checkpoint at %d tokens registered in block %d", request.request_id,
-                 tokens, block_id)
+        log.info(
+            "request %s: Mamba checkpoint at %d tokens registered in block %d", request.request_id, tokens, block_id
+        )
 
     def release(self, block_ids) -> None:
         blocks = [self._held.pop(b) for b in block_ids if b in self._held]
@@ -122,8 +128,10 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         self.config = ConnectorConfig.from_sources(dict(ktc.kv_connector_extra_config or {}), os.environ)
         self.groups = group_specs(kv_cache_config)
         if any(g.kind == "mamba" for g in self.groups) and self.config.conv_state_layout != "DS":
-            raise ConfigurationError("hybrid-pd moves Mamba conv state in the DS layout: set "
-                                     "VLLM_SSM_CONV_STATE_LAYOUT=DS on prefill and decode (the launchers do)")
+            raise ConfigurationError(
+                "hybrid-pd moves Mamba conv state in the DS layout: set "
+                "VLLM_SSM_CONV_STATE_LAYOUT=DS on prefill and decode (the launchers do)"
+            )
         self.engine_id = str(ktc.engine_id)
         self.host, self.port = self.config.side_channel_host, self.config.side_channel_port
         self.read_timeout_s = self.config.read_timeout_s
@@ -136,9 +144,14 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker: WorkerSide | None = None
         self._server: Any = None  # the SideChannelServer (imported with NIXL, on the worker side only)
         if role == KVConnectorRole.SCHEDULER:
-            self.sched = SchedulerSide(engine_id=self.engine_id, host=self.host, port=self.port,
-                                       groups=self.groups, lease_s=self.config.lease_s,
-                                       ship_checkpoints=self.config.ship_checkpoints)
+            self.sched = SchedulerSide(
+                engine_id=self.engine_id,
+                host=self.host,
+                port=self.port,
+                groups=self.groups,
+                lease_s=self.config.lease_s,
+                ship_checkpoints=self.config.ship_checkpoints,
+            )
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config) -> bool:
@@ -180,8 +193,9 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         if isinstance(legacy, FailedLoads) and legacy.request_ids:
             _scheduler(self).rewind_failed_loads(legacy.request_ids)
             failed |= legacy.request_ids
-        _scheduler(self).on_transfer_results(set(connector_output.finished_sending or ()),
-                                       set(connector_output.finished_recving or ()), failed)
+        _scheduler(self).on_transfer_results(
+            set(connector_output.finished_sending or ()), set(connector_output.finished_recving or ()), failed
+        )
 
     def request_finished(self, request, block_ids):
         return self.request_finished_all_groups(request, (block_ids,))
@@ -212,28 +226,53 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             tensors = kv_caches[layer] if isinstance(kv_caches[layer], (list, tuple)) else [kv_caches[layer]]
             for k, t in enumerate(tensors):
                 if not block_is_dense(t):
-                    raise ConfigurationError(f"layer {layer}: one block is not contiguous in memory "
-                                             f"(shape {tuple(t.shape)}, strides {t.stride()})")
+                    raise ConfigurationError(
+                        f"layer {layer}: one block is not contiguous in memory "
+                        f"(shape {tuple(t.shape)}, strides {t.stride()})"
+                    )
                 name = layer if len(tensors) == 1 else f"{layer}#{k}"
-                regions.append(Region(name, group_of[layer], t.data_ptr(), t.stride(0) * t.element_size(),
-                                      t[0].numel() * t.element_size(), t.shape[0]))
+                regions.append(
+                    Region(
+                        name,
+                        group_of[layer],
+                        t.data_ptr(),
+                        t.stride(0) * t.element_size(),
+                        t[0].numel() * t.element_size(),
+                        t.shape[0],
+                    )
+                )
                 by_group.setdefault(group_of[layer], []).append(t)
                 storage = t.untyped_storage()
                 ranges[storage.data_ptr()] = storage.nbytes()
                 mem_type = "DRAM" if t.device.type == "cpu" else "VRAM"
         transport = NixlTransport(f"{self.engine_id}-{tp_rank}", mem_type=mem_type, backend=self.nixl_backend)
         transport.register(sorted(ranges.items()))
-        local = Handshake(PROTOCOL_VERSION, self.engine_id, tp_rank, transport.name, transport.metadata(),
-                          [g.kind for g in self.groups], [g.block_size for g in self.groups], regions, mem_type)
+        local = Handshake(
+            PROTOCOL_VERSION,
+            self.engine_id,
+            tp_rank,
+            transport.name,
+            transport.metadata(),
+            [g.kind for g in self.groups],
+            [g.block_size for g in self.groups],
+            regions,
+            mem_type,
+        )
+
         def clear_blocks(runs) -> None:
             for run in runs:
                 for t in by_group.get(run.group, ()):
-                    t[run.local_start:run.local_start + run.count].zero_()
+                    t[run.local_start : run.local_start + run.count].zero_()
 
         self.worker = WorkerSide(transport, local, read_timeout_s=self.read_timeout_s, clear_blocks=clear_blocks)
         server = self._server = SideChannelServer(self.host, self.port + tp_rank, encode(local))
-        log.info("hybrid-pd worker %s: %d regions in %d ranges, side channel %s", transport.name,
-                 len(regions), len(ranges), server.address)
+        log.info(
+            "hybrid-pd worker %s: %d regions in %d ranges, side channel %s",
+            transport.name,
+            len(regions),
+            len(ranges),
+            server.address,
+        )
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         if self.worker is not None and self.has_connector_metadata():
@@ -285,8 +324,15 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker.stats = []
         for s in drained:
             stats.record(s.bytes, s.descriptors, s.seconds, s.failed, s.checkpoints)
-            log.info("hybrid-pd load %s: %d B in %d descriptors, %.4f s, failed=%s, checkpoints=%d",
-                     s.request_id, s.bytes, s.descriptors, s.seconds, s.failed, s.checkpoints)
+            log.info(
+                "hybrid-pd load %s: %d B in %d descriptors, %.4f s, failed=%s, checkpoints=%d",
+                s.request_id,
+                s.bytes,
+                s.descriptors,
+                s.seconds,
+                s.failed,
+                s.checkpoints,
+            )
         return stats
 
     @classmethod
@@ -320,4 +366,3 @@ def block_is_dense(t) -> bool:
             return False
         expected *= size
     return t.dim() == 1 or t.stride(0) >= expected
-

@@ -35,9 +35,14 @@ class HybridPDStats(KVConnectorStats):
 
     def reduce(self) -> dict[str, int | float]:
         n = len(self.data["bytes"])
-        return {"transfers": n, "bytes": sum(self.data["bytes"]), "descriptors": sum(self.data["descriptors"]),
-                "failed": sum(self.data["failed"]), "checkpoints": sum(self.data["checkpoints"]),
-                "avg_seconds": round(sum(self.data["seconds"]) / n, 4) if n else 0.0}
+        return {
+            "transfers": n,
+            "bytes": sum(self.data["bytes"]),
+            "descriptors": sum(self.data["descriptors"]),
+            "failed": sum(self.data["failed"]),
+            "checkpoints": sum(self.data["checkpoints"]),
+            "avg_seconds": round(sum(self.data["seconds"]) / n, 4) if n else 0.0,
+        }
 
     def is_empty(self) -> bool:
         return not self.data["bytes"]
@@ -49,21 +54,35 @@ class HybridPDPromMetrics(KVConnectorPromMetrics):
 
         def hist(name: str, doc: str, buckets: list[float]):
             # vLLM types metric_types' values as the union of the three classes: this one is a Histogram
-            metric = self._histogram_cls(name=name, documentation=doc, buckets=buckets,  # type: ignore[call-arg]
-                                         labelnames=labelnames)
+            metric = self._histogram_cls(
+                name=name,
+                documentation=doc,
+                buckets=buckets,  # type: ignore[call-arg]
+                labelnames=labelnames,
+            )
             return create_metric_per_engine(metric, per_engine_labelvalues)
 
         def counter(name: str, doc: str):
-            return create_metric_per_engine(self._counter_cls(name=name, documentation=doc,
-                                                              labelnames=labelnames), per_engine_labelvalues)
+            return create_metric_per_engine(
+                self._counter_cls(name=name, documentation=doc, labelnames=labelnames), per_engine_labelvalues
+            )
 
         self.hists = {
-            "bytes": hist("vllm:hybrid_pd_bytes_transferred", "Bytes READ per request by hybrid-pd.",
-                          [2.0 ** (10 + i) for i in range(0, 25, 2)]),
-            "descriptors": hist("vllm:hybrid_pd_descriptors", "NIXL descriptors per request (coalesced).",
-                                [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024]),
-            "seconds": hist("vllm:hybrid_pd_xfer_time_seconds", "Handshake + READ time per request.",
-                            [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0]),
+            "bytes": hist(
+                "vllm:hybrid_pd_bytes_transferred",
+                "Bytes READ per request by hybrid-pd.",
+                [2.0 ** (10 + i) for i in range(0, 25, 2)],
+            ),
+            "descriptors": hist(
+                "vllm:hybrid_pd_descriptors",
+                "NIXL descriptors per request (coalesced).",
+                [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024],
+            ),
+            "seconds": hist(
+                "vllm:hybrid_pd_xfer_time_seconds",
+                "Handshake + READ time per request.",
+                [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0],
+            ),
         }
         self.counters = {
             "failed": counter("vllm:hybrid_pd_failed_transfers", "Loads that failed (request recomputed)."),

@@ -82,10 +82,17 @@ class _Active:
 
 
 class WorkerSide:
-    def __init__(self, transport: Transport, local: Handshake, *, read_timeout_s: float = 30.0,
-                 handshake_timeout_s: float = 5.0, fetch: Callable[[str, int, float], bytes] = fetch_handshake,
-                 clock: Callable[[], float] = time.monotonic,
-                 clear_blocks: Callable[[Sequence[Run]], None] | None = None):
+    def __init__(
+        self,
+        transport: Transport,
+        local: Handshake,
+        *,
+        read_timeout_s: float = 30.0,
+        handshake_timeout_s: float = 5.0,
+        fetch: Callable[[str, int, float], bytes] = fetch_handshake,
+        clock: Callable[[], float] = time.monotonic,
+        clear_blocks: Callable[[Sequence[Run]], None] | None = None,
+    ):
         self.transport, self.local = transport, local
         self._clear_blocks = clear_blocks  # zeroes local blocks (vLLM zeroes fresh blocks; a failed READ may
         # have landed in part, and the blocks of a load vLLM zeroes never)
@@ -110,8 +117,10 @@ class WorkerSide:
         port = remote.remote_port + self.local.tp_rank
         theirs = decode_handshake(self._fetch(remote.remote_host, port, self.handshake_timeout_s))
         if theirs.engine_id != remote.remote_engine_id:
-            raise ConnectorError(f"{remote.remote_host}:{port} is engine {theirs.engine_id}, the request "
-                                 f"names {remote.remote_engine_id} (prefiller restarted?)")
+            raise ConnectorError(
+                f"{remote.remote_host}:{port} is engine {theirs.engine_id}, the request "
+                f"names {remote.remote_engine_id} (prefiller restarted?)"
+            )
         theirs.check_compatible(self.local)
         return theirs, self.transport.add_peer(theirs.agent_metadata)
 
@@ -164,8 +173,9 @@ class WorkerSide:
         plan = act.job.plan
         assert plan is not None, "only a job with a plan is posted"
         descs = descriptors(self.local.regions, theirs.regions, plan.runs)
-        act.stats = TransferStats(act.job.request_id, sum(d.length for d in descs), len(descs),
-                                  checkpoints=len(plan.checkpoints))
+        act.stats = TransferStats(
+            act.job.request_id, sum(d.length for d in descs), len(descs), checkpoints=len(plan.checkpoints)
+        )
         if not descs:
             return False
         act.posted = self._clock()
@@ -174,8 +184,12 @@ class WorkerSide:
 
     def _fail(self, act: _Active, err: Exception, results: Results) -> None:
         job = act.job
-        log.warning("request %s: KV load from %s failed, vLLM recomputes it: %s", job.request_id,
-                    job.remote.remote_engine_id, err)
+        log.warning(
+            "request %s: KV load from %s failed, vLLM recomputes it: %s",
+            job.request_id,
+            job.remote.remote_engine_id,
+            err,
+        )
         if act.handle is not None:
             self.transport.release(act.handle)
         if job.plan is not None and self._clear_blocks is not None:
@@ -183,12 +197,14 @@ class WorkerSide:
         peer = self._peers.get((job.remote.remote_engine_id, job.remote.remote_host, job.remote.remote_port))
         if peer is not None and peer.future.done() and peer.future.exception() is None:
             try:  # let P free the blocks now rather than at lease expiry
-                self.transport.notify(peer.future.result()[1],
-                                      encode(Rejected(job.remote.remote_request_id, reason=str(err)[:200])))
+                self.transport.notify(
+                    peer.future.result()[1], encode(Rejected(job.remote.remote_request_id, reason=str(err)[:200]))
+                )
             except TransportError:
                 pass
-        if isinstance(err, TransportError) or (peer is not None and peer.future.done()
-                                               and peer.future.exception() is not None):
+        if isinstance(err, TransportError) or (
+            peer is not None and peer.future.done() and peer.future.exception() is not None
+        ):
             self._forget(job.remote)  # handshake again next time: the peer may have restarted
         if job.plan is not None or job.fail:
             results.finished_recving.add(job.request_id)

@@ -29,8 +29,12 @@ def install() -> bool:
     def sched_setaffinity(pid: int, mask, _original=original) -> None:
         mask = set(mask)
         if pid == 0 and not mask & os.sched_getaffinity(0):
-            print(f"[hybrid-pd] kept this thread on cores {sorted(os.sched_getaffinity(0))}: ignored a move to "
-                  f"{sorted(mask)} (HYBRID_PD_KEEP_AFFINITY)", file=sys.stderr, flush=True)
+            print(
+                f"[hybrid-pd] kept this thread on cores {sorted(os.sched_getaffinity(0))}: ignored a move to "
+                f"{sorted(mask)} (HYBRID_PD_KEEP_AFFINITY)",
+                file=sys.stderr,
+                flush=True,
+            )
             return None
         return _original(pid, mask)
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import re
 
-PATTERNS = (re.compile(r"Setting attention block size to (\d+) tokens"),
-            re.compile(r"kv lcm block sizes (\d+)"))
+PATTERNS = (re.compile(r"Setting attention block size to (\d+) tokens"), re.compile(r"kv lcm block sizes (\d+)"))
 
 
 class AlignedBlockWatch:
@@ -37,9 +36,13 @@ class AlignedBlockWatch:
         b = self.block
         out = [f"aligned block: {b} tokens (prefix hits and Mamba checkpoints fall on multiples of it)"]
         if self.max_model_len < 2 * b:
-            out.append(f"warning: --max-model-len {self.max_model_len} is below two aligned blocks ({2 * b}): "
-                       f"few or no prompts can reuse a cached prefix; raise --max-model-len to at least {2 * b}")
+            out.append(
+                f"warning: --max-model-len {self.max_model_len} is below two aligned blocks ({2 * b}): "
+                f"few or no prompts can reuse a cached prefix; raise --max-model-len to at least {2 * b}"
+            )
         if self.checkpoint_every and self.checkpoint_every % b:
-            out.append(f"warning: --checkpoint-every {self.checkpoint_every} is not a multiple of the aligned "
-                       f"block ({b}): set it to {max(b, self.checkpoint_every // b * b)} or another multiple")
+            out.append(
+                f"warning: --checkpoint-every {self.checkpoint_every} is not a multiple of the aligned "
+                f"block ({b}): set it to {max(b, self.checkpoint_every // b * b)} or another multiple"
+            )
         return out

@@ -46,18 +46,34 @@ def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
     d = ROLE_DEFAULTS[role]
     ap.add_argument("--model", default="tiny", help="model folder or id; 'tiny' builds the tiny hybrid model")
     ap.add_argument("--tiny-seed", type=int, default=0, help="weight seed of the tiny model")
-    ap.add_argument("--served-model-name", default=None,
-                    help=f"name clients use (default for the tiny model: {TINY_SERVED_NAME})")
+    ap.add_argument(
+        "--served-model-name", default=None, help=f"name clients use (default for the tiny model: {TINY_SERVED_NAME})"
+    )
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--advertise-host", default=None,
-                    help="address peers dial for the NIXL side channel (default: --host, or $POD_IP)")
+    ap.add_argument(
+        "--advertise-host",
+        default=None,
+        help="address peers dial for the NIXL side channel (default: --host, or $POD_IP)",
+    )
     ap.add_argument("--port", type=int, default=d["port"])
-    ap.add_argument("--connector", default="hybrid", choices=["hybrid", "upstream", "none"],
-                    help="hybrid: our connector; upstream: vLLM's NixlConnector (the baseline); none: no PD")
-    ap.add_argument("--side-channel-port", type=int, default=d["side_channel_port"],
-                    help="NIXL handshake port (one per TP rank from here)")
-    ap.add_argument("--kv-events-port", type=int, default=d["kv_events_port"],
-                    help="ZMQ port where the worker publishes KV-cache events for the proxy")
+    ap.add_argument(
+        "--connector",
+        default="hybrid",
+        choices=["hybrid", "upstream", "none"],
+        help="hybrid: our connector; upstream: vLLM's NixlConnector (the baseline); none: no PD",
+    )
+    ap.add_argument(
+        "--side-channel-port",
+        type=int,
+        default=d["side_channel_port"],
+        help="NIXL handshake port (one per TP rank from here)",
+    )
+    ap.add_argument(
+        "--kv-events-port",
+        type=int,
+        default=d["kv_events_port"],
+        help="ZMQ port where the worker publishes KV-cache events for the proxy",
+    )
     ap.add_argument("--device", choices=["cpu", "gpu"], default=default_device())
     ap.add_argument("--cpu-bind", default=d["cpu_bind"], help="cores for the CPU engine's threads ('0', '0-3')")
     ap.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU KV-cache size in GiB")
@@ -68,13 +84,22 @@ def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--no-prefix-caching", action="store_true", help="refused for hybrid models")
     ap.add_argument("--mamba-cache-mode", default="align")
-    ap.add_argument("--checkpoint-every", type=int, default=0, metavar="TOKENS",
-                    help="keep a Mamba checkpoint every TOKENS prompt tokens (a multiple of the aligned block), so "
-                         "prompts that diverge mid-way still hit; also caps a step at TOKENS tokens (0: vLLM's "
-                         "default, the prompt's last boundary only)")
+    ap.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="keep a Mamba checkpoint every TOKENS prompt tokens (a multiple of the aligned block), so "
+        "prompts that diverge mid-way still hit; also caps a step at TOKENS tokens (0: vLLM's "
+        "default, the prompt's last boundary only)",
+    )
     ap.add_argument("--conv-state-layout", default="DS", choices=["DS", "SD"])
-    ap.add_argument("--nixl-progress-delay-us", type=int, default=1000,
-                    help="NIXL progress-thread poll delay (0 spins a whole core)")
+    ap.add_argument(
+        "--nixl-progress-delay-us",
+        type=int,
+        default=1000,
+        help="NIXL progress-thread poll delay (0 spins a whole core)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--startup-timeout", type=float, default=900.0)
     ap.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then extra vLLM flags")
@@ -85,25 +110,38 @@ def config_from_args(args: argparse.Namespace, role: str, check_ports_free: bool
     if extra[:1] == ["--"]:
         extra = extra[1:]
     return WorkerConfig(
-        role=role, model=resolve_model(args.model, args.tiny_seed), host=args.host,
-        advertise_host=args.advertise_host, port=args.port,
-        connector=args.connector, side_channel_port=args.side_channel_port,
-        kv_events_port=args.kv_events_port, device=args.device, cpu_bind=args.cpu_bind or None,
-        kv_cache_gib=args.kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
-        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, tensor_parallel_size=args.tensor_parallel_size,
-        prefix_caching=not args.no_prefix_caching, mamba_cache_mode=args.mamba_cache_mode,
+        role=role,
+        model=resolve_model(args.model, args.tiny_seed),
+        host=args.host,
+        advertise_host=args.advertise_host,
+        port=args.port,
+        connector=args.connector,
+        side_channel_port=args.side_channel_port,
+        kv_events_port=args.kv_events_port,
+        device=args.device,
+        cpu_bind=args.cpu_bind or None,
+        kv_cache_gib=args.kv_cache_gib,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        tensor_parallel_size=args.tensor_parallel_size,
+        prefix_caching=not args.no_prefix_caching,
+        mamba_cache_mode=args.mamba_cache_mode,
         checkpoint_every=args.checkpoint_every,
-        conv_state_layout=args.conv_state_layout, nixl_progress_delay_us=args.nixl_progress_delay_us,
+        conv_state_layout=args.conv_state_layout,
+        nixl_progress_delay_us=args.nixl_progress_delay_us,
         seed=args.seed,
         served_model_name=args.served_model_name or (TINY_SERVED_NAME if args.model == "tiny" else None),
-        extra_vllm_args=tuple(extra), check_ports_free=check_ports_free,
+        extra_vllm_args=tuple(extra),
+        check_ports_free=check_ports_free,
     )
 
 
 def worker_main(role: str, argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"hybrid-pd {role}",
-                                 description=f"Start a vLLM {role} worker configured for hybrid PD.")
+    ap = argparse.ArgumentParser(
+        prog=f"hybrid-pd {role}", description=f"Start a vLLM {role} worker configured for hybrid PD."
+    )
     add_worker_args(ap, role)
     args = ap.parse_args(argv)
     try:
@@ -116,11 +154,14 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
             # once for minutes behind a busy decoder's spinning core.
             os.sched_setaffinity(0, config.cpu_cores)
         watch = AlignedBlockWatch(config.max_model_len, config.checkpoint_every)
-        child = ChildProcess(f"{role} worker", config.argv(), config.url, env=config.env(), log=sys.stdout,
-                             on_line=watch.feed)
-        print(f"[hybrid-pd] starting {role} worker: connector {config.connector}, kv events "
-              f"{config.kv_events_endpoint}, NIXL side channel {config.host}:{config.side_channel_port}",
-              flush=True)
+        child = ChildProcess(
+            f"{role} worker", config.argv(), config.url, env=config.env(), log=sys.stdout, on_line=watch.feed
+        )
+        print(
+            f"[hybrid-pd] starting {role} worker: connector {config.connector}, kv events "
+            f"{config.kv_events_endpoint}, NIXL side channel {config.host}:{config.side_channel_port}",
+            flush=True,
+        )
         return run_until_signalled(child, args.startup_timeout)
     except WorkerError as e:
         print(f"[hybrid-pd] {role}: {e}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """Errors of the worker launchers (prefill and decode share them).
 
-    WorkerError
-    +-- ConfigError        a configuration known to break; the message names the flag to change
-    +-- WorkerStartError   the vLLM child died or never became healthy; carries its last log lines
+WorkerError
++-- ConfigError        a configuration known to break; the message names the flag to change
++-- WorkerStartError   the vLLM child died or never became healthy; carries its last log lines
 """
 
 

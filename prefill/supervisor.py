@@ -24,9 +24,16 @@ from hybrid_pd.prefill.errors import WorkerStartError
 class ChildProcess:
     """One server process, its process group, and its log tail."""
 
-    def __init__(self, name: str, argv: list[str], url: str, env: dict[str, str] | None = None,
-                 log: IO[str] | None = None, keep_lines: int = 60,
-                 on_line: Callable[[str], list[str]] | None = None):
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        url: str,
+        env: dict[str, str] | None = None,
+        log: IO[str] | None = None,
+        keep_lines: int = 60,
+        on_line: Callable[[str], list[str]] | None = None,
+    ):
         self.name, self.argv, self.url, self.env = name, argv, url, env
         self._log = log
         self._on_line = on_line  # sees every line; what it returns is written to the log after it
@@ -40,8 +47,14 @@ class ChildProcess:
 
     def start(self) -> ChildProcess:
         self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
+            self.argv,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            errors="replace",
             start_new_session=True,  # own process group: one killpg stops the engine core as well
         )
         self._pump = threading.Thread(target=self._copy_output, name=f"log-{self.name}", daemon=True)
@@ -67,8 +80,9 @@ class ChildProcess:
         while time.monotonic() - start < timeout:
             if self.proc.poll() is not None:
                 self._drain()
-                raise WorkerStartError(f"{self.name} exited with code {self.proc.returncode} before it "
-                                       "became healthy", list(self.tail))
+                raise WorkerStartError(
+                    f"{self.name} exited with code {self.proc.returncode} before it became healthy", list(self.tail)
+                )
             if health_ok(self.url):
                 return time.monotonic() - start
             time.sleep(poll)

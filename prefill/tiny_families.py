@@ -23,13 +23,22 @@ def family(name: str) -> Callable[[ConfigBuilder], ConfigBuilder]:
     def register(fn: ConfigBuilder) -> ConfigBuilder:
         FAMILIES[name] = fn
         return fn
+
     return register
 
 
 def common(spec, vocab: int) -> dict[str, Any]:
-    return dict(vocab_size=vocab, hidden_size=spec.hidden_size, num_hidden_layers=spec.layers,
-                max_position_embeddings=4096, initializer_range=spec.init_std, tie_word_embeddings=False,
-                eos_token_id=0, pad_token_id=0, bos_token_id=0)
+    return dict(
+        vocab_size=vocab,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.layers,
+        max_position_embeddings=4096,
+        initializer_range=spec.init_std,
+        tie_word_embeddings=False,
+        eos_token_id=0,
+        pad_token_id=0,
+        bos_token_id=0,
+    )
 
 
 def is_attention(spec, i: int) -> bool:
@@ -40,9 +49,14 @@ def gated_delta_net(spec, vocab: int) -> dict[str, Any]:
     """What Qwen3-Next and Qwen3.5 share: GDN linear attention beside gated full attention (partial RoPE)."""
     return common(spec, vocab) | dict(
         intermediate_size=2 * spec.hidden_size,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        linear_conv_kernel_dim=4, linear_key_head_dim=64, linear_value_head_dim=64,
-        linear_num_key_heads=2, linear_num_value_heads=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
         layer_types=["full_attention" if is_attention(spec, i) else "linear_attention" for i in range(spec.layers)],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
     )
@@ -55,8 +69,13 @@ def qwen3_next(spec, vocab: int):
 
     cfg = Qwen3NextConfig(
         **gated_delta_net(spec, vocab),
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128,
-        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=128,
+        shared_expert_intermediate_size=128,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
     )
     cfg.architectures = ["Qwen3NextForCausalLM"]
     return cfg
@@ -78,9 +97,17 @@ def nemotron_h(spec, vocab: int):
     cfg = NemotronHConfig(
         **common(spec, vocab),
         layers_block_type=blocks,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=2 * spec.hidden_size,
-        mamba_num_heads=m["heads"], mamba_head_dim=m["head_dim"], n_groups=2, ssm_state_size=m["state"],
-        conv_kernel=4, expand=2, chunk_size=m["chunk"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=2 * spec.hidden_size,
+        mamba_num_heads=m["heads"],
+        mamba_head_dim=m["head_dim"],
+        n_groups=2,
+        ssm_state_size=m["state"],
+        conv_kernel=4,
+        expand=2,
+        chunk_size=m["chunk"],
     )
     cfg.architectures = ["NemotronHForCausalLM"]
     return cfg
@@ -94,12 +121,21 @@ def granite_moe_hybrid(spec, vocab: int):
     m = mamba2_widths(spec)
     cfg = GraniteMoeHybridConfig(
         **common(spec, vocab),
-        intermediate_size=128, shared_intermediate_size=2 * spec.hidden_size,
-        num_attention_heads=4, num_key_value_heads=2, position_embedding_type=None,
+        intermediate_size=128,
+        shared_intermediate_size=2 * spec.hidden_size,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        position_embedding_type=None,
         layer_types=["full_attention" if is_attention(spec, i) else "linear_attention" for i in range(spec.layers)],
-        mamba_n_heads=m["heads"], mamba_d_head=m["head_dim"], mamba_n_groups=1, mamba_d_state=m["state"],
-        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=m["chunk"],
-        num_local_experts=4, num_experts_per_tok=2,
+        mamba_n_heads=m["heads"],
+        mamba_d_head=m["head_dim"],
+        mamba_n_groups=1,
+        mamba_d_state=m["state"],
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=m["chunk"],
+        num_local_experts=4,
+        num_experts_per_tok=2,
     )
     cfg.architectures = ["GraniteMoeHybridForCausalLM"]
     return cfg
@@ -114,9 +150,16 @@ def falcon_h1(spec, vocab: int):
     cfg = FalconH1Config(
         **common(spec, vocab),
         intermediate_size=2 * spec.hidden_size,
-        num_attention_heads=4, num_key_value_heads=2,
-        mamba_d_ssm=m["heads"] * m["head_dim"], mamba_n_heads=m["heads"], mamba_d_head=m["head_dim"],
-        mamba_n_groups=1, mamba_d_state=m["state"], mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=m["chunk"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_d_ssm=m["heads"] * m["head_dim"],
+        mamba_n_heads=m["heads"],
+        mamba_d_head=m["head_dim"],
+        mamba_n_groups=1,
+        mamba_d_state=m["state"],
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=m["chunk"],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
     cfg.architectures = ["FalconH1ForCausalLM"]
@@ -131,10 +174,17 @@ def jamba(spec, vocab: int):
     cfg = JambaConfig(
         **common(spec, vocab),
         intermediate_size=2 * spec.hidden_size,
-        num_attention_heads=4, num_key_value_heads=2,
-        attn_layer_period=spec.full_attention_interval, attn_layer_offset=spec.full_attention_interval - 1,
-        expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
-        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_period=spec.full_attention_interval,
+        attn_layer_offset=spec.full_attention_interval - 1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_experts=4,
+        num_experts_per_tok=2,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_expand=2,
     )
     cfg.architectures = ["JambaForCausalLM"]
     return cfg
@@ -159,10 +209,15 @@ def lfm2(spec, vocab: int):
 
     cfg = Lfm2Config(
         **common(spec, vocab) | {"tie_word_embeddings": True},  # vLLM's Lfm2ForCausalLM always ties lm_head
-        intermediate_size=2 * spec.hidden_size, block_auto_adjust_ff_dim=False,
-        num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3,
+        intermediate_size=2 * spec.hidden_size,
+        block_auto_adjust_ff_dim=False,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        conv_L_cache=3,
         # LFM2 checkpoints carry these; transformers' class dropped them, vLLM still reads them
-        conv_dim=spec.hidden_size, conv_dim_out=spec.hidden_size, block_dim=spec.hidden_size,
+        conv_dim=spec.hidden_size,
+        conv_dim_out=spec.hidden_size,
+        block_dim=spec.hidden_size,
         layer_types=["full_attention" if is_attention(spec, i) else "conv" for i in range(spec.layers)],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
@@ -181,8 +236,15 @@ def zamba2(spec, vocab: int):
         intermediate_size=2 * spec.hidden_size,
         num_attention_heads=2 * spec.hidden_size // 64,  # attention runs on 2 * hidden: 64-wide heads
         layers_block_type=["hybrid" if is_attention(spec, i) else "mamba" for i in range(spec.layers)],
-        n_mamba_heads=m["heads"], mamba_ngroups=1, mamba_d_state=m["state"], mamba_d_conv=4, mamba_expand=2,
-        chunk_size=m["chunk"], num_mem_blocks=1, use_shared_attention_adapter=False, use_mem_rope=False,
+        n_mamba_heads=m["heads"],
+        mamba_ngroups=1,
+        mamba_d_state=m["state"],
+        mamba_d_conv=4,
+        mamba_expand=2,
+        chunk_size=m["chunk"],
+        num_mem_blocks=1,
+        use_shared_attention_adapter=False,
+        use_mem_rope=False,
     )
     cfg.architectures = ["Zamba2ForCausalLM"]
     return cfg

@@ -46,10 +46,19 @@ OWNED_VLLM_FLAGS = {
 WILDCARDS = ("0.0.0.0", "::", "")
 HYBRID_LAYER_KINDS = {"linear_attention", "mamba", "mamba2", "ssm", "conv", "short_conv", "gdn"}
 HYBRID_ARCHITECTURES = {
-    "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM",
-    "FalconH1ForCausalLM", "JambaForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
-    "Zamba2ForCausalLM", "BambaForCausalLM", "Plamo2ForCausalLM",
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+    "NemotronHForCausalLM",
+    "GraniteMoeHybridForCausalLM",
+    "FalconH1ForCausalLM",
+    "JambaForCausalLM",
+    "Lfm2ForCausalLM",
+    "Lfm2MoeForCausalLM",
+    "Zamba2ForCausalLM",
+    "BambaForCausalLM",
+    "Plamo2ForCausalLM",
 }
 
 
@@ -97,52 +106,71 @@ class WorkerConfig:
         warnings: list[str] = []
         kind = model_kind(self.model)
         if kind == "attention":
-            warnings.append(f"{self.model} is not a hybrid Mamba/attention model: hybrid-pd adds nothing "
-                            "over a plain PD setup for it")
+            warnings.append(
+                f"{self.model} is not a hybrid Mamba/attention model: hybrid-pd adds nothing "
+                "over a plain PD setup for it"
+            )
         elif kind == "unknown":
             warnings.append(f"could not read {self.model}/config.json: assuming a hybrid model")
         if kind != "attention" and not self.prefix_caching:
-            problems.append("a hybrid model under PD needs align-mode prefix caching (upstream crashes or "
-                            "recomputes without it): remove --no-prefix-caching")
+            problems.append(
+                "a hybrid model under PD needs align-mode prefix caching (upstream crashes or "
+                "recomputes without it): remove --no-prefix-caching"
+            )
         if self.prefix_caching and self.mamba_cache_mode != "align":
-            problems.append(f"--mamba-cache-mode {self.mamba_cache_mode}: only 'align' keeps the SSM "
-                            "checkpoints the connector ships; use --mamba-cache-mode align")
+            problems.append(
+                f"--mamba-cache-mode {self.mamba_cache_mode}: only 'align' keeps the SSM "
+                "checkpoints the connector ships; use --mamba-cache-mode align"
+            )
         if self.connector != "none" and self.conv_state_layout != "DS":
-            problems.append(f"--conv-state-layout {self.conv_state_layout} with a NIXL connector: NIXL moves "
-                            "conv state in the DS layout only; use --conv-state-layout DS")
+            problems.append(
+                f"--conv-state-layout {self.conv_state_layout} with a NIXL connector: NIXL moves "
+                "conv state in the DS layout only; use --conv-state-layout DS"
+            )
         if self.connector != "none" and self.peer_host in WILDCARDS:
-            problems.append(f"--host {self.host} binds every interface, so peers need an address to dial: "
-                            "pass --advertise-host (or set POD_IP)")
+            problems.append(
+                f"--host {self.host} binds every interface, so peers need an address to dial: "
+                "pass --advertise-host (or set POD_IP)"
+            )
         if self.checkpoint_every < 0 or (self.checkpoint_every and not self.prefix_caching):
-            problems.append(f"--checkpoint-every {self.checkpoint_every}: give a positive multiple of the aligned "
-                            "block size (with prefix caching on), or 0 for vLLM's default")
+            problems.append(
+                f"--checkpoint-every {self.checkpoint_every}: give a positive multiple of the aligned "
+                "block size (with prefix caching on), or 0 for vLLM's default"
+            )
         elif self.checkpoint_every and self.checkpoint_every < self.max_num_batched_tokens:
-            warnings.append(f"--checkpoint-every {self.checkpoint_every} caps a step at {self.checkpoint_every} "
-                            f"tokens (not --max-num-batched-tokens {self.max_num_batched_tokens}): prefill chunks "
-                            "must end on every checkpoint")
+            warnings.append(
+                f"--checkpoint-every {self.checkpoint_every} caps a step at {self.checkpoint_every} "
+                f"tokens (not --max-num-batched-tokens {self.max_num_batched_tokens}): prefill chunks "
+                "must end on every checkpoint"
+            )
         if self.connector not in ("hybrid", "upstream", "none"):
             problems.append(f"--connector {self.connector}: choose hybrid, upstream or none")
         problems += self._check_ports()
         for arg in self.extra_vllm_args:
             flag = arg.split("=", 1)[0]
             if flag in OWNED_VLLM_FLAGS:
-                problems.append(f"{flag} after '--' overrides a validated setting: use the launcher's "
-                                f"{OWNED_VLLM_FLAGS[flag]} instead")
+                problems.append(
+                    f"{flag} after '--' overrides a validated setting: use the launcher's "
+                    f"{OWNED_VLLM_FLAGS[flag]} instead"
+                )
         if self.device == "cpu" and self.kv_cache_gib <= 0:
             problems.append("--kv-cache-gib must be > 0")
         problems += self._check_cpu_bind()
         if self.device == "gpu" and not 0 < self.gpu_memory_utilization <= 1:
             problems.append("--gpu-memory-utilization must be in (0, 1]")
         if os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT", self.conv_state_layout) != self.conv_state_layout:
-            warnings.append("VLLM_SSM_CONV_STATE_LAYOUT in the environment is overridden by "
-                            f"--conv-state-layout {self.conv_state_layout}")
+            warnings.append(
+                "VLLM_SSM_CONV_STATE_LAYOUT in the environment is overridden by "
+                f"--conv-state-layout {self.conv_state_layout}"
+            )
         return problems, warnings
 
     def _port_uses(self) -> dict[str, list[int]]:
         uses = {"--port": [self.port], "--kv-events-port": [self.kv_events_port]}
         if self.connector != "none":  # one NIXL side channel per TP rank: port .. port + tp - 1
-            uses["--side-channel-port"] = list(range(self.side_channel_port,
-                                                     self.side_channel_port + self.tensor_parallel_size))
+            uses["--side-channel-port"] = list(
+                range(self.side_channel_port, self.side_channel_port + self.tensor_parallel_size)
+            )
         return uses
 
     def _check_ports(self) -> list[str]:
@@ -183,8 +211,10 @@ class WorkerConfig:
             return [f"--cpu-bind {self.cpu_bind}: give cores like 0, 0-3 or 0-3,8 (auto: let vLLM choose)"]
         allowed = os.sched_getaffinity(0)
         if cores is not None and not cores <= allowed:
-            return [f"--cpu-bind {self.cpu_bind}: cores {sorted(cores - allowed)} are not available here (this "
-                    f"process may use {sorted(allowed)})"]
+            return [
+                f"--cpu-bind {self.cpu_bind}: cores {sorted(cores - allowed)} are not available here (this "
+                f"process may use {sorted(allowed)})"
+            ]
         return []
 
     @property
@@ -213,19 +243,38 @@ class WorkerConfig:
 
     def kv_events_config(self) -> dict:
         bind = "*" if self.host in WILDCARDS else self.host
-        return {"enable_kv_cache_events": True, "publisher": "zmq",
-                "endpoint": f"tcp://{bind}:{self.kv_events_port}", "topic": "kv-events"}
+        return {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://{bind}:{self.kv_events_port}",
+            "topic": "kv-events",
+        }
 
     def argv(self) -> list[str]:
-        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", self.model, "--host", self.host, "--port", str(self.port),
-                "--max-model-len", str(self.max_model_len),
-                "--max-num-seqs", str(self.max_num_seqs),
-                "--max-num-batched-tokens", str(self.checkpoint_every or self.max_num_batched_tokens),
-                "--tensor-parallel-size", str(self.tensor_parallel_size),
-                "--seed", str(self.seed),
-                "--kv-events-config", json.dumps(self.kv_events_config()),
-                "--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens
+        args = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(self.checkpoint_every or self.max_num_batched_tokens),
+            "--tensor-parallel-size",
+            str(self.tensor_parallel_size),
+            "--seed",
+            str(self.seed),
+            "--kv-events-config",
+            json.dumps(self.kv_events_config()),
+            "--enable-prompt-tokens-details",
+        ]  # usage.prompt_tokens_details.cached_tokens
         if self.prefix_caching:
             args += ["--enable-prefix-caching", "--mamba-cache-mode", self.mamba_cache_mode]
             if self.checkpoint_every:
@@ -244,12 +293,14 @@ class WorkerConfig:
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
-        env.update(VLLM_SSM_CONV_STATE_LAYOUT=self.conv_state_layout,
-                   VLLM_HOST_IP=self.peer_host,
-                   VLLM_NIXL_SIDE_CHANNEL_HOST=self.peer_host,
-                   VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.side_channel_port),
-                   NIXL_PTHR_DELAY_US=str(self.nixl_progress_delay_us),
-                   UCX_RCACHE_MAX_UNRELEASED=env.get("UCX_RCACHE_MAX_UNRELEASED", "1024"))
+        env.update(
+            VLLM_SSM_CONV_STATE_LAYOUT=self.conv_state_layout,
+            VLLM_HOST_IP=self.peer_host,
+            VLLM_NIXL_SIDE_CHANNEL_HOST=self.peer_host,
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.side_channel_port),
+            NIXL_PTHR_DELAY_US=str(self.nixl_progress_delay_us),
+            UCX_RCACHE_MAX_UNRELEASED=env.get("UCX_RCACHE_MAX_UNRELEASED", "1024"),
+        )
         if self.host.startswith("127.") or self.host == "localhost":
             env.setdefault("UCX_NET_DEVICES", "lo")  # keep UCX's TCP transport on loopback
         if "PYTHONHASHSEED" not in env and vllm_none_hash_is_random():

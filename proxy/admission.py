@@ -36,8 +36,9 @@ class Admission:
             self.active += 1
             return
         if self.waiting >= self.cfg.max_queue:
-            raise Overloaded(f"the proxy queue is full ({self.cfg.max_in_flight} in flight, "
-                             f"{self.waiting} waiting); retry later")
+            raise Overloaded(
+                f"the proxy queue is full ({self.cfg.max_in_flight} in flight, {self.waiting} waiting); retry later"
+            )
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._waiters.append(fut)

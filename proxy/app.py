@@ -58,8 +58,10 @@ class ProxyApp:
                 raise NotFound(f"no such endpoint: {request.path}")
             route = methods.get("GET" if request.method == "HEAD" else request.method)
             if route is None:
-                raise MethodNotAllowed(f"{request.method} is not allowed on {request.path} (allowed: "
-                                       f"{', '.join(methods)})", allow=list(methods))
+                raise MethodNotAllowed(
+                    f"{request.method} is not allowed on {request.path} (allowed: {', '.join(methods)})",
+                    allow=list(methods),
+                )
             await route(request)
         except ProxyError as e:
             metrics.errors.labels(e.kind).inc()
@@ -68,8 +70,9 @@ class ProxyApp:
             _answer_error(request, e)
         except TimeoutError:
             metrics.errors.labels("timeout").inc()
-            _answer_error(request, UpstreamTimeout("the request did not finish within the total timeout "
-                                                   "(--total-timeout)"))
+            _answer_error(
+                request, UpstreamTimeout("the request did not finish within the total timeout (--total-timeout)")
+            )
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception:  # the last line of defence: log it, fail this request, keep serving
@@ -89,14 +92,16 @@ class ProxyApp:
             except asyncio.CancelledError:
                 state.metrics.errors.labels("client_disconnect").inc()
                 raise
+
         return generate
 
     async def models(self, request: Request) -> None:
         decoders = self.state.pool.admitted("decode")
         if not decoders:
             raise NoHealthyWorker("no healthy decode worker is admitted")
-        payload = await self.state.upstream.get_json(decoders[0].url, "/v1/models", stage="models",
-                                                     timeout=self.config.timeouts.decode_first_byte_s)
+        payload = await self.state.upstream.get_json(
+            decoders[0].url, "/v1/models", stage="models", timeout=self.config.timeouts.decode_first_byte_s
+        )
         request.respond(200, _encoder.encode(payload))
 
     async def health(self, request: Request) -> None:
@@ -104,10 +109,13 @@ class ProxyApp:
         counts = {role: len(state.pool.admitted(role)) for role in ("prefill", "decode")}
         ok = counts["decode"] > 0 and not self.draining
         status = "draining" if self.draining else "ok" if ok else "no healthy decode worker"
-        body = {"status": status, "admitted": counts,
-                "ejected": [w.url for w in state.pool.all() if not w.healthy],
-                "terminating": [w.url for w in state.pool.all() if w.terminating],
-                "kv_hashes_verified": state.kv_index.hashes_verified}
+        body = {
+            "status": status,
+            "admitted": counts,
+            "ejected": [w.url for w in state.pool.all() if not w.healthy],
+            "terminating": [w.url for w in state.pool.all() if w.terminating],
+            "kv_hashes_verified": state.kv_index.hashes_verified,
+        }
         request.respond(200 if ok else 503, _encoder.encode(body))
 
     async def livez(self, request: Request) -> None:

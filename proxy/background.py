@@ -72,4 +72,5 @@ class Background:
             if self._zmq is None:
                 self._zmq = zmq.asyncio.Context()
             self.subscriptions[w] = asyncio.create_task(
-                subscribe(self._zmq, w, self.state.kv_index, self.state.metrics), name=f"kv-events {w.url}")
+                subscribe(self._zmq, w, self.state.kv_index, self.state.metrics), name=f"kv-events {w.url}"
+            )

@@ -48,8 +48,13 @@ def none_hash(algo: str, seed: str) -> bytes:
     return HASH_FUNCTIONS[algo](seed)
 
 
-def chained_block_hashes(token_ids: Sequence[int], hash_block_size: int, algo: str = "sha256",
-                         seed: str = "vllm-none-hash", cache_salt: str | None = None) -> list[bytes]:
+def chained_block_hashes(
+    token_ids: Sequence[int],
+    hash_block_size: int,
+    algo: str = "sha256",
+    seed: str = "vllm-none-hash",
+    cache_salt: str | None = None,
+) -> list[bytes]:
     """Hashes of every full `hash_block_size` chunk of `token_ids`, as vLLM's request block hasher computes
     them (a trailing partial chunk is not hashed)."""
     fn = HASH_FUNCTIONS[algo]
@@ -57,7 +62,7 @@ def chained_block_hashes(token_ids: Sequence[int], hash_block_size: int, algo: s
     out: list[bytes] = []
     for start in range(0, len(token_ids) - hash_block_size + 1, hash_block_size):
         extra = (("cache_salt", cache_salt),) if (start == 0 and cache_salt) else None
-        parent = fn((parent, tuple(token_ids[start:start + hash_block_size]), extra))
+        parent = fn((parent, tuple(token_ids[start : start + hash_block_size]), extra))
         out.append(parent)
     return out
 

@@ -30,9 +30,24 @@ from .config_sections import (
 from .errors import ConfigError
 
 # The sections are importable from here too (config_sections.py holds them so that components import no cycle).
-__all__ = ["DEFAULT_NONE_HASH_SEED", "AdmissionConfig", "DisaggConfig", "DrainConfig", "HashAlgo", "HealthConfig",
-           "K8sConfig", "KVIndexConfig", "Policy", "ProxyConfig", "RoutingConfig", "Timeouts", "WorkerSpec",
-           "parse_policy", "same_engine"]
+__all__ = [
+    "DEFAULT_NONE_HASH_SEED",
+    "AdmissionConfig",
+    "DisaggConfig",
+    "DrainConfig",
+    "HashAlgo",
+    "HealthConfig",
+    "K8sConfig",
+    "KVIndexConfig",
+    "Policy",
+    "ProxyConfig",
+    "RoutingConfig",
+    "Timeouts",
+    "WorkerSpec",
+    "parse_policy",
+    "same_engine",
+]
+
 
 @dataclass(frozen=True)
 class ProxyConfig:
@@ -88,11 +103,15 @@ class ProxyConfig:
                 if not weight > 0:
                     out.append(f"{flag}: weight of {name!r} must be > 0, got {weight}")
             if pol.picker not in PICKERS:
-                out.append(f"{flag.replace('policy', 'picker')}: unknown picker {pol.picker!r}; "
-                           f"known: {', '.join(sorted(PICKERS))}")
+                out.append(
+                    f"{flag.replace('policy', 'picker')}: unknown picker {pol.picker!r}; "
+                    f"known: {', '.join(sorted(PICKERS))}"
+                )
         if self.kv.hash_algo not in ("sha256", "sha256_cbor"):
-            out.append(f"--kv-hash-algo {self.kv.hash_algo!r}: only sha256 and sha256_cbor are reproducible "
-                       "across processes (xxhash uses a random per-process seed)")
+            out.append(
+                f"--kv-hash-algo {self.kv.hash_algo!r}: only sha256 and sha256_cbor are reproducible "
+                "across processes (xxhash uses a random per-process seed)"
+            )
         if self.kv.hash_block_size < 0:
             out.append("--kv-hash-block-size must be >= 0 (0 learns it from the KV events)")
         if not 0.0 < self.disagg.decoder_hit_ratio <= 1.0:
@@ -125,11 +144,16 @@ class ProxyConfig:
     @classmethod
     def from_flat(cls, o: dict[str, Any]) -> ProxyConfig:
         """Build from flat option names (the CLI flag names with `_`): see config_sources.OPTIONS."""
+
         def workers(role: str) -> tuple[WorkerSpec, ...]:
             urls, events = list(o.get(role) or []), list(o.get(f"{role}_events") or [])
             if events and len(events) != len(urls):
-                raise ConfigError([f"--{role}-events given {len(events)} times for {len(urls)} --{role} URLs: "
-                                   "give one per URL, in the same order"])
+                raise ConfigError(
+                    [
+                        f"--{role}-events given {len(events)} times for {len(urls)} --{role} URLs: "
+                        "give one per URL, in the same order"
+                    ]
+                )
             return tuple(WorkerSpec(str(u).rstrip("/"), events[i] if events else None) for i, u in enumerate(urls))
 
         def get(name: str, default: Any) -> Any:
@@ -142,33 +166,46 @@ class ProxyConfig:
         default_policy = "kv_hit=2,least_loaded" if has_events else "least_loaded"
 
         return cls(
-            host=get("host", "127.0.0.1"), port=int(get("port", 8000)),
-            prefill=workers("prefill"), decode=workers("decode"),
+            host=get("host", "127.0.0.1"),
+            port=int(get("port", 8000)),
+            prefill=workers("prefill"),
+            decode=workers("decode"),
             discovery=get("discovery", "static"),
             k8s=K8sConfig(**{k: type(v)(get(f"k8s_{k}", v)) for k, v in vars(K8sConfig()).items()}),
             routing=RoutingConfig(
                 decode=Policy(parse_policy(get("decode_policy", default_policy)), get("decode_picker", "round_robin")),
-                prefill=Policy(parse_policy(get("prefill_policy", default_policy)),
-                               get("prefill_picker", "round_robin")),
-                session_header=str(get("session_header", "x-session-id")).lower()),
-            kv=KVIndexConfig(hash_algo=get("kv_hash_algo", "sha256"),
-                             hash_seed=str(get("kv_hash_seed", DEFAULT_NONE_HASH_SEED)),
-                             hash_block_size=int(get("kv_hash_block_size", 0)),
-                             forward_token_ids=bool(get("forward_token_ids", True)),
-                             grace_s=float(get("kv_index_grace_s", 60.0))),
-            disagg=DisaggConfig(enabled=bool(get("disagg", True)),
-                                min_prompt_tokens=int(get("min_prompt_tokens", 0)),
-                                min_prompt_chars=int(get("min_prompt_chars", 0)),
-                                decoder_hit_ratio=float(get("decoder_hit_ratio", 0.8)),
-                                min_uncached_blocks=float(get("min_uncached_blocks", 1.0))),
-            timeouts=Timeouts(**{k: float(get(f"{k.removesuffix('_s')}_timeout", v))
-                                 for k, v in vars(Timeouts()).items()}),
-            admission=AdmissionConfig(max_in_flight=int(get("max_in_flight", 256)),
-                                      max_queue=int(get("max_queue", 1024)),
-                                      queue_timeout_s=float(get("queue_timeout", 30.0))),
-            health=HealthConfig(interval_s=float(get("health_interval", 5.0)),
-                                failures_to_eject=int(get("health_failures", 2)),
-                                successes_to_readmit=int(get("health_successes", 1))),
+                prefill=Policy(
+                    parse_policy(get("prefill_policy", default_policy)), get("prefill_picker", "round_robin")
+                ),
+                session_header=str(get("session_header", "x-session-id")).lower(),
+            ),
+            kv=KVIndexConfig(
+                hash_algo=get("kv_hash_algo", "sha256"),
+                hash_seed=str(get("kv_hash_seed", DEFAULT_NONE_HASH_SEED)),
+                hash_block_size=int(get("kv_hash_block_size", 0)),
+                forward_token_ids=bool(get("forward_token_ids", True)),
+                grace_s=float(get("kv_index_grace_s", 60.0)),
+            ),
+            disagg=DisaggConfig(
+                enabled=bool(get("disagg", True)),
+                min_prompt_tokens=int(get("min_prompt_tokens", 0)),
+                min_prompt_chars=int(get("min_prompt_chars", 0)),
+                decoder_hit_ratio=float(get("decoder_hit_ratio", 0.8)),
+                min_uncached_blocks=float(get("min_uncached_blocks", 1.0)),
+            ),
+            timeouts=Timeouts(
+                **{k: float(get(f"{k.removesuffix('_s')}_timeout", v)) for k, v in vars(Timeouts()).items()}
+            ),
+            admission=AdmissionConfig(
+                max_in_flight=int(get("max_in_flight", 256)),
+                max_queue=int(get("max_queue", 1024)),
+                queue_timeout_s=float(get("queue_timeout", 30.0)),
+            ),
+            health=HealthConfig(
+                interval_s=float(get("health_interval", 5.0)),
+                failures_to_eject=int(get("health_failures", 2)),
+                successes_to_readmit=int(get("health_successes", 1)),
+            ),
             drain=DrainConfig(delay_s=float(get("drain_delay_s", 5.0)), timeout_s=float(get("drain_timeout_s", 60.0))),
             log_level=str(get("log_level", "INFO")).upper(),
         )

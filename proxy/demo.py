@@ -83,21 +83,55 @@ def build_children(args: argparse.Namespace) -> list[ChildProcess]:
 
     def worker(name: str, role: str, offset: int, connector: str, core: str, gpu: str) -> ChildProcess:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu) if args.device == "gpu" else None
-        argv = [*HYBRID_PD, role, "--connector", connector, "--port", str(port + offset),
-                "--side-channel-port", str(port + 10 + offset), "--kv-events-port", str(port + 20 + offset),
-                "--cpu-bind", core, *common, *tail]
-        return ChildProcess(name, argv, f"http://127.0.0.1:{port + offset}", env=env,
-                            log=open(args.logs / f"{name}.log", "w"))
+        argv = [
+            *HYBRID_PD,
+            role,
+            "--connector",
+            connector,
+            "--port",
+            str(port + offset),
+            "--side-channel-port",
+            str(port + 10 + offset),
+            "--kv-events-port",
+            str(port + 20 + offset),
+            "--cpu-bind",
+            core,
+            *common,
+            *tail,
+        ]
+        return ChildProcess(
+            name, argv, f"http://127.0.0.1:{port + offset}", env=env, log=open(args.logs / f"{name}.log", "w")
+        )
 
-    children = [worker("prefill", "prefill", 1, args.connector, "0", args.prefill_gpu),
-                worker("decode", "decode", 2, args.connector, "1", args.decode_gpu)]
+    children = [
+        worker("prefill", "prefill", 1, args.connector, "0", args.prefill_gpu),
+        worker("decode", "decode", 2, args.connector, "1", args.decode_gpu),
+    ]
     if args.reference:
         children.append(worker("reference", "decode", 3, "none", "1", args.decode_gpu))
-    children.append(ChildProcess("proxy", [
-        *HYBRID_PD, "proxy", "--port", str(port), "--prefill", children[0].url, "--decode", children[1].url,
-        "--prefill-events", f"tcp://127.0.0.1:{port + 21}", "--decode-events", f"tcp://127.0.0.1:{port + 22}",
-        "--drain-delay-s", "0"],  # no load balancer to tell: stop at once
-        f"http://127.0.0.1:{port}", log=open(args.logs / "proxy.log", "w")))  # noqa: SIM115 (the child writes it)
+    children.append(
+        ChildProcess(
+            "proxy",
+            [
+                *HYBRID_PD,
+                "proxy",
+                "--port",
+                str(port),
+                "--prefill",
+                children[0].url,
+                "--decode",
+                children[1].url,
+                "--prefill-events",
+                f"tcp://127.0.0.1:{port + 21}",
+                "--decode-events",
+                f"tcp://127.0.0.1:{port + 22}",
+                "--drain-delay-s",
+                "0",
+            ],  # no load balancer to tell: stop at once
+            f"http://127.0.0.1:{port}",
+            log=open(args.logs / "proxy.log", "w"),  # noqa: SIM115 (the child writes it)
+        )
+    )
     return children
 
 
@@ -137,18 +171,23 @@ def main(argv: list[str] | None = None) -> int:
                     child.start()
                 for child in group:
                     took = child.wait_healthy(args.startup_timeout)
-                    print(f"[demo] {child.name} healthy at {child.url} (pid {child.pid}) after {took:.0f}s",
-                          flush=True)
+                    print(f"[demo] {child.name} healthy at {child.url} (pid {child.pid}) after {took:.0f}s", flush=True)
             ref = by_name["reference"].url if args.reference else None
             report = run_workload(by_name["proxy"].url, by_name["decode"].url, served, ref)
-        report |= {"connector": args.connector, "device": args.device or "default", "model": args.model,
-                   "peak_rss_gib": round(mem.peak / 2**30, 2), "wall_s": round(time.monotonic() - t0, 1)}
+        report |= {
+            "connector": args.connector,
+            "device": args.device or "default",
+            "model": args.model,
+            "peak_rss_gib": round(mem.peak / 2**30, 2),
+            "wall_s": round(time.monotonic() - t0, 1),
+        }
         print(format_report(report))
         print(f"[demo] peak memory of all processes: {report['peak_rss_gib']} GiB; wall {report['wall_s']}s")
         if args.report:
             args.report.write_text(json.dumps(report, indent=1))
         ok = report["transfer"]["bytes"] > 0 and all(
-            r["matches_reference"] is not False and r["completion_tokens"] > 0 for r in report["requests"])
+            r["matches_reference"] is not False and r["completion_tokens"] > 0 for r in report["requests"]
+        )
         return 0 if ok else 1
     except Exception as e:  # noqa: BLE001  (top of the demo: say what broke and where the logs are)
         print(f"[demo] FAILED: {e}\n[demo] logs: {args.logs}", file=sys.stderr)

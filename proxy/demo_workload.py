@@ -21,8 +21,10 @@ TRANSFER_METRICS = {  # the decoder connector's counters, summed over label sets
     "transfer_seconds": ("vllm:nixl_xfer_time_seconds_sum", "vllm:hybrid_pd_xfer_time_seconds_sum"),
     "failed_transfers": ("vllm:nixl_num_failed_transfers_total", "vllm:hybrid_pd_failed_transfers_total"),
 }
-SYSTEM = ("You are a helpful agent. The quick brown fox jumps over the lazy dog; the prefix cache keeps the "
-          "mamba state of every attention block. ") * 12
+SYSTEM = (
+    "You are a helpful agent. The quick brown fox jumps over the lazy dog; the prefix cache keeps the "
+    "mamba state of every attention block. "
+) * 12
 TURNS = ["Which engine decodes this request?", "And which one prefills it?", "Say hello world one two three."]
 
 
@@ -42,14 +44,16 @@ class Result:
         return None if self.reference_text is None else self.text == self.reference_text
 
 
-def stream(url: str, path: str, body: dict, timeout: float = 300,
-           margins: list[tuple[str, float | None]] | None = None) -> tuple[str, dict, float, list[float]]:
+def stream(
+    url: str, path: str, body: dict, timeout: float = 300, margins: list[tuple[str, float | None]] | None = None
+) -> tuple[str, dict, float, list[float]]:
     """POST a streaming request; return (text, usage, ttft, token arrival times). With `margins` (and a body
     asking for `logprobs`), each generated token and how far its log-probability leads the runner-up's are
     appended to it (a near-tie lets two correct engines part ways)."""
     body = dict(body, stream=True, stream_options={"include_usage": True})
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     start = time.monotonic()
     text: list[str] = []
     usage: dict[str, Any] = {}
@@ -77,10 +81,15 @@ def stream(url: str, path: str, body: dict, timeout: float = 300,
 def run_request(url: str, name: str, body: dict, chat: bool) -> Result:
     text, usage, ttft, arrivals = stream(url, "/v1/chat/completions" if chat else "/v1/completions", body)
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    return Result(name=name, text=text, prompt_tokens=usage.get("prompt_tokens", 0),
-                  cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
-                  completion_tokens=usage.get("completion_tokens", 0), ttft_s=ttft,
-                  itl_s=statistics.fmean(gaps) if gaps else float("nan"))
+    return Result(
+        name=name,
+        text=text,
+        prompt_tokens=usage.get("prompt_tokens", 0),
+        cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+        completion_tokens=usage.get("completion_tokens", 0),
+        ttft_s=ttft,
+        itl_s=statistics.fmean(gaps) if gaps else float("nan"),
+    )
 
 
 def workload(model: str, max_tokens: int = 16) -> list[tuple[str, dict, bool]]:
@@ -98,8 +107,10 @@ def workload(model: str, max_tokens: int = 16) -> list[tuple[str, dict, bool]]:
 def transfer_counters(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         lines = [ln for ln in r.read().decode().splitlines() if ln and not ln.startswith("#")]
-    return {key: sum(float(ln.rpartition(" ")[2]) for ln in lines if ln.split("{")[0].split(" ")[0] in names)
-            for key, names in TRANSFER_METRICS.items()}
+    return {
+        key: sum(float(ln.rpartition(" ")[2]) for ln in lines if ln.split("{")[0].split(" ")[0] in names)
+        for key, names in TRANSFER_METRICS.items()
+    }
 
 
 def run_workload(proxy_url: str, decode_url: str, model: str, reference_url: str | None = None) -> dict:
@@ -111,18 +122,24 @@ def run_workload(proxy_url: str, decode_url: str, model: str, reference_url: str
             result.reference_text = run_request(reference_url, name, body, chat).text
         results.append(result)
     after = transfer_counters(decode_url)
-    return {"requests": [dataclasses.asdict(r) | {"matches_reference": r.matches_reference} for r in results],
-            "transfer": {k: after[k] - before[k] for k in after}}
+    return {
+        "requests": [dataclasses.asdict(r) | {"matches_reference": r.matches_reference} for r in results],
+        "transfer": {k: after[k] - before[k] for k in after},
+    }
 
 
 def format_report(report: dict) -> str:
     lines = [f"{'request':<14} {'prompt':>6} {'cached':>6} {'TTFT ms':>8} {'ITL ms':>7}  equal  text"]
     for r in report["requests"]:
         eq = {True: "yes", False: "NO", None: "-"}[r["matches_reference"]]
-        lines.append(f"{r['name']:<14} {r['prompt_tokens']:>6} {r['cached_tokens']:>6} {r['ttft_s'] * 1e3:>8.1f} "
-                     f"{r['itl_s'] * 1e3:>7.1f}  {eq:<5}  {r['text'][:40]!r}")
+        lines.append(
+            f"{r['name']:<14} {r['prompt_tokens']:>6} {r['cached_tokens']:>6} {r['ttft_s'] * 1e3:>8.1f} "
+            f"{r['itl_s'] * 1e3:>7.1f}  {eq:<5}  {r['text'][:40]!r}"
+        )
     t = report["transfer"]
-    lines.append(f"moved P->D over NIXL: {t['bytes']:.0f} bytes in {t['transfers']:.0f} transfers, "
-                 f"{t['descriptors']:.0f} descriptors, {t['transfer_seconds'] * 1e3:.1f} ms, "
-                 f"{t['failed_transfers']:.0f} failed")
+    lines.append(
+        f"moved P->D over NIXL: {t['bytes']:.0f} bytes in {t['transfers']:.0f} transfers, "
+        f"{t['descriptors']:.0f} descriptors, {t['transfer_seconds'] * 1e3:.1f} ms, "
+        f"{t['failed_transfers']:.0f} failed"
+    )
     return "\n".join(lines)

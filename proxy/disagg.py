@@ -11,8 +11,16 @@ from .config_sections import DisaggConfig
 REMOTE = "remote"
 
 
-def decide(cfg: DisaggConfig, *, eligible: bool, has_prefillers: bool, prompt_chars: int,
-           prompt_tokens: int | None, decoder_hit: int | None, aligned_block: int = 0) -> str:
+def decide(
+    cfg: DisaggConfig,
+    *,
+    eligible: bool,
+    has_prefillers: bool,
+    prompt_chars: int,
+    prompt_tokens: int | None,
+    decoder_hit: int | None,
+    aligned_block: int = 0,
+) -> str:
     """'remote', or the reason to prefill on the decoder: local_disabled, local_ineligible (several prompts
     or n > 1: kv_transfer_params are per request), local_no_prefiller, local_short, local_small_uncached (what
     D lacks, past its own attention + checkpoint hit, is under `min_uncached_blocks` aligned blocks: nothing P
@@ -27,8 +35,12 @@ def decide(cfg: DisaggConfig, *, eligible: bool, has_prefillers: bool, prompt_ch
         return "local_short"
     if cfg.min_prompt_chars and prompt_tokens is None and prompt_chars < cfg.min_prompt_chars:
         return "local_short"  # characters decide only when the token count is unknown
-    if (cfg.min_uncached_blocks and aligned_block and prompt_tokens is not None
-            and prompt_tokens - (decoder_hit or 0) < cfg.min_uncached_blocks * aligned_block):
+    if (
+        cfg.min_uncached_blocks
+        and aligned_block
+        and prompt_tokens is not None
+        and prompt_tokens - (decoder_hit or 0) < cfg.min_uncached_blocks * aligned_block
+    ):
         return "local_small_uncached"
     if decoder_hit and prompt_tokens and decoder_hit / prompt_tokens >= cfg.decoder_hit_ratio:
         return "local_decoder_hit"

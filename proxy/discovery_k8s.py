@@ -77,8 +77,13 @@ class K8sDiscovery:
                 if fresh:  # the list's own resourceVersion was too old: no busy loop of lists
                     await asyncio.sleep(self.cfg.poll_interval_s)
             except DiscoveryError as e:
-                log.warning("Kubernetes discovery of %s workers failed, keeping the last known ones; polling every "
-                            "%g s until a watch holds: %s", role, self.cfg.poll_interval_s, e)
+                log.warning(
+                    "Kubernetes discovery of %s workers failed, keeping the last known ones; polling every "
+                    "%g s until a watch holds: %s",
+                    role,
+                    self.cfg.poll_interval_s,
+                    e,
+                )
                 await asyncio.sleep(self.cfg.poll_interval_s)
             except Exception:  # top of a background loop: log it, keep the last known workers, try again
                 log.exception("Kubernetes discovery of %s workers failed", role)
@@ -103,13 +108,18 @@ def _apply(slices: dict[str, dict[str, Any]], kind: str, obj: dict[str, Any]) ->
 def publish(state: ProxyState, role: Role, specs: tuple[WorkerSpec, ...]) -> None:
     before = [(w.url, w.terminating) for w in state.pool.all(role)]
     if before != [(s.url, s.terminating) for s in specs]:
-        log.info("discovered %d %s workers: %s", len(specs), role,
-                 ", ".join(s.url + (" (terminating)" if s.terminating else "") for s in specs) or "-")
+        log.info(
+            "discovered %d %s workers: %s",
+            len(specs),
+            role,
+            ", ".join(s.url + (" (terminating)" if s.terminating else "") for s in specs) or "-",
+        )
     state.pool.set_workers(role, specs)
 
 
 async def discovery_loop(state: ProxyState) -> None:
     cfg = state.config.k8s
     discovery = K8sDiscovery(cfg, state.upstream.session, state.config.timeouts.connect_s * 2)
-    await asyncio.gather(discovery.follow("prefill", cfg.prefill_selector, state),
-                         discovery.follow("decode", cfg.decode_selector, state))
+    await asyncio.gather(
+        discovery.follow("prefill", cfg.prefill_selector, state), discovery.follow("decode", cfg.decode_selector, state)
+    )

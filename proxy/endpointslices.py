@@ -28,8 +28,9 @@ from typing import Any
 from .config_sections import WorkerSpec
 
 
-def slice_workers(s: dict[str, Any], http_port_name: str = "http",
-                  events_port_name: str = "kv-events") -> list[WorkerSpec]:
+def slice_workers(
+    s: dict[str, Any], http_port_name: str = "http", events_port_name: str = "kv-events"
+) -> list[WorkerSpec]:
     """The workers one EndpointSlice names (taking requests or terminating), in its order."""
     ports = {p.get("name"): p.get("port") for p in s.get("ports") or [] if isinstance(p, dict)}
     http, events = ports.get(http_port_name), ports.get(events_port_name)
@@ -48,9 +49,14 @@ def slice_workers(s: dict[str, Any], http_port_name: str = "http",
         identity = (ref.get("uid") or ref.get("name") or None) if isinstance(ref, dict) else None
         for addr in (ep.get("addresses") or [])[:1]:  # all of an endpoint's addresses are one pod's
             host = f"[{addr}]" if ":" in addr else addr
-            out.append(WorkerSpec(f"http://{host}:{http}",
-                                  f"tcp://{host}:{events}" if isinstance(events, int) else None,
-                                  identity=identity, terminating=state == "terminating"))
+            out.append(
+                WorkerSpec(
+                    f"http://{host}:{http}",
+                    f"tcp://{host}:{events}" if isinstance(events, int) else None,
+                    identity=identity,
+                    terminating=state == "terminating",
+                )
+            )
     return out
 
 
@@ -62,8 +68,9 @@ def _state(conditions: dict[str, Any]) -> str | None:
     return "ready" if ready else None
 
 
-def merge(slices: Iterable[dict[str, Any]], http_port_name: str = "http",
-          events_port_name: str = "kv-events") -> tuple[WorkerSpec, ...]:
+def merge(
+    slices: Iterable[dict[str, Any]], http_port_name: str = "http", events_port_name: str = "kv-events"
+) -> tuple[WorkerSpec, ...]:
     """All slices' workers, one per URL (one taking requests wins over a terminating copy, which a slice being
     rewritten may briefly hold), sorted by URL."""
     by_url: dict[str, WorkerSpec] = {}

@@ -122,8 +122,12 @@ class UpstreamStatus(UpstreamError):
         """vLLM already answers OpenAI-shaped errors; keep its body when it is one, else wrap it."""
         if isinstance(self.payload, dict) and isinstance(self.payload.get("error"), dict):
             err = self.payload["error"]
-            return openai_error(str(err.get("message", self.message)), str(err.get("type") or self.type),
-                                err.get("param"), err.get("code", self.status))
+            return openai_error(
+                str(err.get("message", self.message)),
+                str(err.get("type") or self.type),
+                err.get("param"),
+                err.get("code", self.status),
+            )
         return openai_error(self.message, self.type, None, self.status)
 
 
@@ -150,8 +154,7 @@ class ConnectFailed(HTTPClientError):
 
 
 class Disconnected(HTTPClientError):
-    def __init__(self, message: str = "the worker closed the connection before answering", *,
-                 retryable: bool = False):
+    def __init__(self, message: str = "the worker closed the connection before answering", *, retryable: bool = False):
         super().__init__(message)
         self.retryable = retryable
 

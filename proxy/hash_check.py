@@ -32,7 +32,7 @@ def hash_granularity(ev: BlockStored, algo: str, seed: str) -> int | None:
     for g in sorted((d for d in range(1, bs + 1) if bs % d == 0), reverse=True):
         h = start
         for i in range(0, bs, g):
-            h = fn((h, tuple(ev.token_ids[i:i + g]), None))
+            h = fn((h, tuple(ev.token_ids[i : i + g]), None))
         if h == target or (isinstance(target, int) and as_int_hash(h) == target):
             return g
     return None

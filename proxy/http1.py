@@ -129,7 +129,7 @@ class _Connection(asyncio.Protocol):
                 if len(self._raw) > MAX_HEAD:
                     raise ValueError("answer head too long")
                 return
-            head, self._raw = self._raw[:end].decode("latin-1"), self._raw[end + 4:]
+            head, self._raw = self._raw[:end].decode("latin-1"), self._raw[end + 4 :]
             lines = head.split("\r\n")
             version, _, rest = lines[0].partition(" ")
             if not version.startswith("HTTP/1."):
@@ -166,8 +166,8 @@ class _Connection(asyncio.Protocol):
             self._raw = b""
             resp._feed(raw)
         elif self._mode == _LENGTH:
-            take = raw[:self._left]
-            self._raw, self._left = raw[len(take):], self._left - len(take)
+            take = raw[: self._left]
+            self._raw, self._left = raw[len(take) :], self._left - len(take)
             resp._feed(take, last=self._left == 0)
             if self._left == 0:
                 self._complete()
@@ -181,7 +181,7 @@ class _Connection(asyncio.Protocol):
             left = self._left
             if left > 0:  # inside a chunk's data
                 take = min(left, n - pos)
-                out.append(raw[pos:pos + take])
+                out.append(raw[pos : pos + take])
                 pos, self._left = pos + take, left - take
                 if self._left == 0:
                     self._left = -1
@@ -213,8 +213,8 @@ class _Connection(asyncio.Protocol):
                 raise ValueError("negative chunk size")
             if size == 0:
                 self._trailer = True
-            elif pos + size + 2 <= n and raw[pos + size:pos + size + 2] == b"\r\n":  # the whole chunk is here
-                out.append(raw[pos:pos + size])
+            elif pos + size + 2 <= n and raw[pos + size : pos + size + 2] == b"\r\n":  # the whole chunk is here
+                out.append(raw[pos : pos + size])
                 pos += size + 2
             else:
                 self._left = size
@@ -245,8 +245,17 @@ class HTTPPool:
         self._ssl: ssl.SSLContext | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    async def request(self, method: str, base: str, path: str, body: bytes | None, headers: dict[str, str] | None,
-                      *, timeout: float, leave: Leave | None = None) -> Response:
+    async def request(
+        self,
+        method: str,
+        base: str,
+        path: str,
+        body: bytes | None,
+        headers: dict[str, str] | None,
+        *,
+        timeout: float,
+        leave: Leave | None = None,
+    ) -> Response:
         """Send the request; return the Response once its status line and headers arrived within `timeout`.
         A caller cancelled or timed out drops the connection, or, with `leave`, leaves the answer behind."""
         loop = self.loop
@@ -300,8 +309,9 @@ class HTTPPool:
             key = self._keys[base] = (u.scheme, u.hostname or "", port, u.netloc)  # type: ignore[assignment]
         return key  # type: ignore[return-value]
 
-    async def _acquire(self, loop: asyncio.AbstractEventLoop, key: tuple[str, str, int],
-                       deadline: float) -> _Connection:
+    async def _acquire(
+        self, loop: asyncio.AbstractEventLoop, key: tuple[str, str, int], deadline: float
+    ) -> _Connection:
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle:
@@ -314,9 +324,11 @@ class HTTPPool:
             self._ssl = ssl.create_default_context()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self, key, loop), host, port,
-                                       ssl=self._ssl if scheme == "https" else None),
-                max(0.0, min(self.connect_timeout, deadline - loop.time())))
+                loop.create_connection(
+                    lambda: _Connection(self, key, loop), host, port, ssl=self._ssl if scheme == "https" else None
+                ),
+                max(0.0, min(self.connect_timeout, deadline - loop.time())),
+            )
         except OSError as e:
             raise ConnectFailed(f"cannot connect to {host}:{port}: {e}") from None
         return conn

@@ -1,9 +1,9 @@
 """One request the proxy's HTTP server (http_server.py) parsed, and the way a handler answers it.
 
-    request.respond(status, body[, content_type, headers])            # a whole answer, one write
-    request.begin_stream(status, content_type[, headers])             # a streamed one: the head waits for data
-    request.write(data) / transport.write(request.frame(data))        # its parts (chunks; as is for HTTP/1.0)
-    request.end_stream(last)                                          # its last part and its end, one write
+request.respond(status, body[, content_type, headers])            # a whole answer, one write
+request.begin_stream(status, content_type[, headers])             # a streamed one: the head waits for data
+request.write(data) / transport.write(request.frame(data))        # its parts (chunks; as is for HTTP/1.0)
+request.end_stream(last)                                          # its last part and its end, one write
 """
 
 from __future__ import annotations
@@ -17,11 +17,24 @@ import msgspec
 
 from .errors import openai_error
 
-REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           408: "Request Timeout", 413: "Content Too Large", 429: "Too Many Requests",
-           431: "Request Header Fields Too Large",
-           499: "Client Closed Request", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",
-           504: "Gateway Timeout", 505: "HTTP Version Not Supported"}
+REASONS = {
+    100: "Continue",
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    499: "Client Closed Request",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+    505: "HTTP Version Not Supported",
+}
+
 
 class ClientConnection(Protocol):
     """What a request needs of the client connection it came on (http_server.Connection)."""
@@ -39,11 +52,31 @@ class Request:
     """One parsed request and the way to answer it. Header names are lower case; repeated ones are joined with
     ', ' (as RFC 9110 allows for list-valued fields)."""
 
-    __slots__ = ("method", "path", "query", "version", "headers", "body", "keep_alive", "conn", "started", "done",
-                 "chunked")
+    __slots__ = (
+        "method",
+        "path",
+        "query",
+        "version",
+        "headers",
+        "body",
+        "keep_alive",
+        "conn",
+        "started",
+        "done",
+        "chunked",
+    )
 
-    def __init__(self, conn: ClientConnection, method: str, path: str, query: str, version: str,
-                 headers: dict[str, str], body: bytes, keep_alive: bool):
+    def __init__(
+        self,
+        conn: ClientConnection,
+        method: str,
+        path: str,
+        query: str,
+        version: str,
+        headers: dict[str, str],
+        body: bytes,
+        keep_alive: bool,
+    ):
         self.conn, self.method, self.path, self.query, self.version = conn, method, path, query, version
         self.headers, self.body, self.keep_alive = headers, body, keep_alive
         self.started = False  # the status line is sent
@@ -62,8 +95,9 @@ class Request:
     async def drain(self) -> None:
         await self.conn.drain()
 
-    def respond(self, status: int, body: bytes, content_type: str = "application/json",
-                headers: dict[str, str] | None = None) -> None:
+    def respond(
+        self, status: int, body: bytes, content_type: str = "application/json", headers: dict[str, str] | None = None
+    ) -> None:
         """The whole answer in one write."""
         assert not self.started, "the answer has begun already"
         self.started = self.done = True
@@ -107,8 +141,10 @@ class Request:
             conn.write(out)
 
     def _head(self, status: int, content_type: str, headers: dict[str, str] | None) -> bytes:
-        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}\r\nServer: hybrid-pd\r\nDate: {_date()}\r\n"
-                 f"Content-Type: {content_type}\r\n"]
+        lines = [
+            f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}\r\nServer: hybrid-pd\r\nDate: {_date()}\r\n"
+            f"Content-Type: {content_type}\r\n"
+        ]
         if headers:
             lines.extend(f"{k}: {v}\r\n" for k, v in headers.items())
         if not self.keep_alive:

@@ -136,16 +136,25 @@ class Connection(asyncio.Protocol):
         self._headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
-        if self.parser.should_upgrade() and (self._headers.get("content-length", "0") != "0"
-                                             or "transfer-encoding" in self._headers):
+        if self.parser.should_upgrade() and (
+            self._headers.get("content-length", "0") != "0" or "transfer-encoding" in self._headers
+        ):
             # llhttp would hand over the request without its body (what follows an upgrade is not HTTP/1.1)
-            raise RequestRejected(400, "protocol upgrades are not supported: send the request without an "
-                                       "Upgrade header (e.g. curl without --http2 on http://)")
+            raise RequestRejected(
+                400,
+                "protocol upgrades are not supported: send the request without an "
+                "Upgrade header (e.g. curl without --http2 on http://)",
+            )
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
             raise RequestRejected(413, f"the request body is over {self.limits.max_body_bytes} bytes")
-        if (self._headers.get("expect", "").lower() == "100-continue" and self.parser.get_http_version() == "1.1"
-                and self.current is None and not self._queue and self.transport is not None):
+        if (
+            self._headers.get("expect", "").lower() == "100-continue"
+            and self.parser.get_http_version() == "1.1"
+            and self.current is None
+            and not self._queue
+            and self.transport is not None
+        ):
             self.transport.write(CONTINUE)  # (a pipelined one waits: its 100 would land inside another answer)
 
     def on_body(self, body: bytes) -> None:
@@ -162,9 +171,16 @@ class Connection(asyncio.Protocol):
         if url is None:
             raise RequestRejected(400, "the request target must be a path")
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        req = Request(self, self.parser.get_method().decode("ascii"), url.path.decode("latin-1"),
-                      (url.query or b"").decode("latin-1"), self.parser.get_http_version(), self._headers, body,
-                      self.parser.should_keep_alive() and not self.server.draining)
+        req = Request(
+            self,
+            self.parser.get_method().decode("ascii"),
+            url.path.decode("latin-1"),
+            (url.query or b"").decode("latin-1"),
+            self.parser.get_http_version(),
+            self._headers,
+            body,
+            self.parser.should_keep_alive() and not self.server.draining,
+        )
         self._headers, self._body = {}, []
         if self.current is None:
             self._start(req)
@@ -236,9 +252,11 @@ class Connection(asyncio.Protocol):
             return
         if self.current is None:
             body = error_body(err.status, "invalid_request_error", err.message)
-            self.transport.write(b"HTTP/1.1 %d %b\r\nServer: hybrid-pd\r\nContent-Type: application/json\r\n"
-                                 b"Content-Length: %d\r\nConnection: close\r\n\r\n%b"
-                                 % (err.status, REASONS.get(err.status, "Error").encode(), len(body), body))
+            self.transport.write(
+                b"HTTP/1.1 %d %b\r\nServer: hybrid-pd\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n%b"
+                % (err.status, REASONS.get(err.status, "Error").encode(), len(body), body)
+            )
             self.transport.close()
 
     def _count_head(self, n: int) -> None:

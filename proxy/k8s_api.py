@@ -81,8 +81,13 @@ class K8sAPI:
 
     async def watch(self, path: str, selector: str, resource_version: str) -> AsyncIterator[tuple[str, dict]]:
         """(event type, object) from a watch that starts after `resource_version`."""
-        query = {"labelSelector": selector, "watch": "1", "resourceVersion": resource_version,
-                 "allowWatchBookmarks": "true", "timeoutSeconds": str(int(self.cfg.watch_timeout_s))}
+        query = {
+            "labelSelector": selector,
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(int(self.cfg.watch_timeout_s)),
+        }
         url = f"{self.base}{path}?{urlencode(query)}"
         timeout = aiohttp.ClientTimeout(total=self.cfg.watch_timeout_s + 30, connect=self.timeout_s)
         try:
@@ -90,8 +95,9 @@ class K8sAPI:
                 if r.status == 410:
                     raise WatchExpired(f"Kubernetes API {path}: resourceVersion {resource_version} is too old")
                 if r.status != 200:
-                    raise DiscoveryError(f"Kubernetes API watch {path} answered HTTP {r.status}: "
-                                         f"{(await r.read())[:200]!r}")
+                    raise DiscoveryError(
+                        f"Kubernetes API watch {path} answered HTTP {r.status}: {(await r.read())[:200]!r}"
+                    )
                 pending = b""
                 async for piece in r.content.iter_any():  # our own lines: aiohttp's stop at 128 KiB
                     pending += piece

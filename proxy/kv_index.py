@@ -99,8 +99,13 @@ def aligned_block(specs: dict[int, EventGroup]) -> int:
     return math.lcm(*sizes) if sizes else 0
 
 
-def usable_hit_tokens(worker: WorkerKVIndex, specs: dict[int, EventGroup], num_tokens: int,
-                      hashes_for: Callable[[int], list[bytes]], configured_hash_block_size: int = 0) -> int:
+def usable_hit_tokens(
+    worker: WorkerKVIndex,
+    specs: dict[int, EventGroup],
+    num_tokens: int,
+    hashes_for: Callable[[int], list[bytes]],
+    configured_hash_block_size: int = 0,
+) -> int:
     """Longest prefix (tokens) of a `num_tokens` prompt that `worker` can serve from its cache with both
     attention blocks and a Mamba checkpoint in every group. `specs` are the groups learned from every
     worker (one model per deployment): a Mamba group a worker never stored into still blocks its hits.
@@ -146,8 +151,13 @@ class KVIndex:
     gets it again, with the KV events it missed counted as a gap; after it, or for another engine, it starts
     empty. (vLLM's replay socket could fill the gap, but our launchers do not open one: kv_subscriber.py.)"""
 
-    def __init__(self, algo: str = "sha256", seed: str = "vllm-none-hash", grace_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        algo: str = "sha256",
+        seed: str = "vllm-none-hash",
+        grace_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.workers: dict[str, WorkerKVIndex] = {}
         self.retired: dict[str, Retired] = {}
         self.grace_s, self.clock = grace_s, clock
@@ -180,16 +190,24 @@ class KVIndex:
                     break
             if g is None:
                 if self.hashes_verified is None:
-                    log.warning("KV events of %s carry block hashes this proxy cannot reproduce with "
-                                "--kv-hash-algo %s --kv-hash-seed %r: kv_hit routing will find no hits; set them "
-                                "to the workers' --prefix-caching-hash-algo and PYTHONHASHSEED", url, self.algo,
-                                self.seed)
+                    log.warning(
+                        "KV events of %s carry block hashes this proxy cannot reproduce with "
+                        "--kv-hash-algo %s --kv-hash-seed %r: kv_hit routing will find no hits; set them "
+                        "to the workers' --prefix-caching-hash-algo and PYTHONHASHSEED",
+                        url,
+                        self.algo,
+                        self.seed,
+                    )
                 self.hashes_verified = False
                 return
             if g:
                 if seed != self.seed:
-                    log.info("KV events of %s: the workers' PYTHONHASHSEED is %r (set by hybrid-pd's launchers on "
-                             "vLLM < 0.27); hashing prompts with it", url, seed)
+                    log.info(
+                        "KV events of %s: the workers' PYTHONHASHSEED is %r (set by hybrid-pd's launchers on "
+                        "vLLM < 0.27); hashing prompts with it",
+                        url,
+                        seed,
+                    )
                     self.seed = seed
                 self.hashes_verified, self.detected_hash_block_size = True, g
                 return
@@ -219,10 +237,12 @@ class KVIndex:
         for url in [u for u, r in self.retired.items() if r.since < horizon]:
             del self.retired[url]
 
-    def hit_tokens(self, url: str, num_tokens: int, hashes_for: Callable[[int], list[bytes]],
-                   configured_hash_block_size: int = 0) -> int:
+    def hit_tokens(
+        self, url: str, num_tokens: int, hashes_for: Callable[[int], list[bytes]], configured_hash_block_size: int = 0
+    ) -> int:
         worker = self.workers.get(url)
         if worker is None or num_tokens < 2:
             return 0
-        return usable_hit_tokens(worker, self.specs, num_tokens, hashes_for,
-                                 configured_hash_block_size or self.detected_hash_block_size)
+        return usable_hit_tokens(
+            worker, self.specs, num_tokens, hashes_for, configured_hash_block_size or self.detected_hash_block_size
+        )

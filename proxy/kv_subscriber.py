@@ -38,7 +38,7 @@ def endpoint_mode(events: str) -> tuple[str, str]:
     """('bind' | 'connect', the ZMQ endpoint) for an events endpoint as configured."""
     for mode in ("bind", "connect"):
         if events.startswith(mode + ":"):
-            return mode, events[len(mode) + 1:]
+            return mode, events[len(mode) + 1 :]
     return ("bind" if events.startswith(LOOPBACK_PREFIXES) else "connect"), events
 
 
@@ -54,8 +54,7 @@ async def subscribe(ctx: zmq.asyncio.Context, worker: Worker, kv_index: KVIndex,
             await asyncio.sleep(1.0)
 
 
-async def _subscribe_once(ctx: zmq.asyncio.Context, worker: Worker, kv_index: KVIndex,
-                          metrics: ProxyMetrics) -> None:
+async def _subscribe_once(ctx: zmq.asyncio.Context, worker: Worker, kv_index: KVIndex, metrics: ProxyMetrics) -> None:
     assert worker.events is not None
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)

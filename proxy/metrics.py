@@ -122,27 +122,49 @@ class Histogram(_Metric):
 
 class ProxyMetrics:
     def __init__(self) -> None:
-        self.requests = Counter(P + "requests", "Client requests by endpoint, PD mode and HTTP status",
-                                ("endpoint", "mode", "status"))
-        self.errors = Counter(P + "errors", "Errors by kind (bad_request, overloaded, no_healthy_worker, "
-                              "upstream_4xx, upstream_5xx, timeout, unavailable, client_disconnect, internal)",
-                              ("kind",))
-        self.latency = Histogram(P + "request_latency_seconds", "Whole request, first byte in to last byte out",
-                                 ("endpoint",), buckets=LATENCY_BUCKETS)
-        self.stage_latency = Histogram(P + "stage_latency_seconds", "Time per stage: tokenize, prefill (P call), "
-                                       "decode (D call to its last byte)", ("stage",), buckets=LATENCY_BUCKETS)
-        self.ttft = Histogram(P + "time_to_first_token_seconds", "Client request in to first content byte out",
-                              ("endpoint",), buckets=LATENCY_BUCKETS)
-        self.routing = Counter(P + "routing_decisions", "Workers picked, by role and policy",
-                               ("role", "policy", "worker"))
+        self.requests = Counter(
+            P + "requests", "Client requests by endpoint, PD mode and HTTP status", ("endpoint", "mode", "status")
+        )
+        self.errors = Counter(
+            P + "errors",
+            "Errors by kind (bad_request, overloaded, no_healthy_worker, "
+            "upstream_4xx, upstream_5xx, timeout, unavailable, client_disconnect, internal)",
+            ("kind",),
+        )
+        self.latency = Histogram(
+            P + "request_latency_seconds",
+            "Whole request, first byte in to last byte out",
+            ("endpoint",),
+            buckets=LATENCY_BUCKETS,
+        )
+        self.stage_latency = Histogram(
+            P + "stage_latency_seconds",
+            "Time per stage: tokenize, prefill (P call), decode (D call to its last byte)",
+            ("stage",),
+            buckets=LATENCY_BUCKETS,
+        )
+        self.ttft = Histogram(
+            P + "time_to_first_token_seconds",
+            "Client request in to first content byte out",
+            ("endpoint",),
+            buckets=LATENCY_BUCKETS,
+        )
+        self.routing = Counter(
+            P + "routing_decisions", "Workers picked, by role and policy", ("role", "policy", "worker")
+        )
         self.disagg = Counter(P + "disagg_decisions", "remote prefill or not, and why", ("decision",))
         self.fallbacks = Counter(P + "fallbacks", "PD turns that fell back to decode-only, by reason", ("reason",))
-        self.hit_tokens = Counter(P + "hit_tokens", "Prompt tokens served from a cache: prefill_cached (P's "
-                                  "own hit), decoder_local (index estimate on D), reported_cached (to clients)",
-                                  ("kind",))
+        self.hit_tokens = Counter(
+            P + "hit_tokens",
+            "Prompt tokens served from a cache: prefill_cached (P's "
+            "own hit), decoder_local (index estimate on D), reported_cached (to clients)",
+            ("kind",),
+        )
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of answered requests")
-        self.abandoned_prefills = Counter(P + "abandoned_prefills", "P calls left to finish alone (client gone "
-                                          "or total timeout); P's blocks are freed by its own lease")
+        self.abandoned_prefills = Counter(
+            P + "abandoned_prefills",
+            "P calls left to finish alone (client gone or total timeout); P's blocks are freed by its own lease",
+        )
         self.in_flight = Gauge(P + "in_flight", "Requests being served")
         self.queued = Gauge(P + "queued", "Requests waiting for a slot")
         self.worker_healthy = Gauge(P + "worker_healthy", "1 admitted, 0 ejected", ("role", "worker"))

@@ -18,17 +18,46 @@ Endpoint = Literal["completions", "chat"]
 PATHS: dict[Endpoint, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 # What P gets in kv_transfer_params: "compute the prompt, keep the blocks for a remote decoder".
-PREFILL_KV_TRANSFER_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                              "remote_block_ids": None, "remote_host": None, "remote_port": None}
+PREFILL_KV_TRANSFER_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
 
 # Fields that shape only the output. P samples one token that D regenerates, so it must not pay for them
 # (logprobs compile, grammar compile) nor fail on them (min_tokens > max_tokens=1, n > 1).
-_OUTPUT_ONLY_FIELDS = ("stream_options", "min_tokens", "n", "best_of", "logprobs", "top_logprobs",
-                       "prompt_logprobs", "echo", "response_format", "structured_outputs", "guided_json",
-                       "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-                       "guided_whitespace_pattern", "logit_bias", "suffix")
-_CHAT_TOKENIZE_FIELDS = ("messages", "tools", "add_generation_prompt", "continue_final_message",
-                         "chat_template", "chat_template_kwargs", "add_special_tokens")
+_OUTPUT_ONLY_FIELDS = (
+    "stream_options",
+    "min_tokens",
+    "n",
+    "best_of",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "echo",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_decoding_backend",
+    "guided_whitespace_pattern",
+    "logit_bias",
+    "suffix",
+)
+_CHAT_TOKENIZE_FIELDS = (
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_special_tokens",
+)
 
 _json_decoder = msgspec.json.Decoder()
 
@@ -85,8 +114,12 @@ class OpenAIRequest:
     def _worker_body(self, forward_token_ids: bool) -> dict[str, Any]:
         body = dict(self.body)
         body.pop("kv_transfer_params", None)  # the proxy owns the PD protocol; a client must not steer it
-        if (forward_token_ids and self.endpoint == "completions" and self.token_ids
-                and isinstance(body.get("prompt"), str)):
+        if (
+            forward_token_ids
+            and self.endpoint == "completions"
+            and self.token_ids
+            and isinstance(body.get("prompt"), str)
+        ):
             body["prompt"] = self.token_ids  # workers skip tokenizing, and hash exactly what routing scored
             body.pop("add_special_tokens", None)
         return body
@@ -127,8 +160,16 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> OpenAIRequest:
     else:
         prompt = body.get("prompt")
         token_ids, chars, single = _parse_prompt(prompt)
-    return OpenAIRequest(endpoint, body, stream, include_usage, chars, token_ids,
-                         single and n in (1, None) and body.get("best_of") in (1, None), body.get("user"))
+    return OpenAIRequest(
+        endpoint,
+        body,
+        stream,
+        include_usage,
+        chars,
+        token_ids,
+        single and n in (1, None) and body.get("best_of") in (1, None),
+        body.get("user"),
+    )
 
 
 def _check_output_fields(body: dict[str, Any], endpoint: Endpoint, stream: bool) -> None:
@@ -141,19 +182,24 @@ def _check_output_fields(body: dict[str, Any], endpoint: Endpoint, stream: bool)
     if n is not None and n < 1:
         raise BadRequest(f"n must be at least 1, got {n}.", param="n")
     if best_of is not None and best_of < (n or 1):
-        raise BadRequest(f"best_of must be greater than or equal to n, got n={n or 1} and best_of={best_of}.",
-                         param="best_of")
+        raise BadRequest(
+            f"best_of must be greater than or equal to n, got n={n or 1} and best_of={best_of}.", param="best_of"
+        )
     cap = _int(body, "max_completion_tokens") if endpoint == "chat" else None
     cap = _int(body, "max_tokens") if cap is None else cap
     if min_tokens is not None and min_tokens < 0:
         raise BadRequest(f"min_tokens must be greater than or equal to 0, got {min_tokens}.", param="min_tokens")
     if min_tokens is not None and cap is not None and min_tokens > cap:
-        raise BadRequest(f"min_tokens must be less than or equal to max_tokens={cap}, got {min_tokens}.",
-                         param="min_tokens")
+        raise BadRequest(
+            f"min_tokens must be less than or equal to max_tokens={cap}, got {min_tokens}.", param="min_tokens"
+        )
     top = _int(body, "top_logprobs")
     if endpoint == "chat" and top is not None and (top < 0 or not body.get("logprobs")):
-        raise BadRequest("when using `top_logprobs`, `logprobs` must be set to true and `top_logprobs` must "
-                         "be a non-negative integer.", param="top_logprobs")
+        raise BadRequest(
+            "when using `top_logprobs`, `logprobs` must be set to true and `top_logprobs` must "
+            "be a non-negative integer.",
+            param="top_logprobs",
+        )
     logprobs = _int(body, "logprobs")
     if endpoint == "completions" and logprobs is not None and logprobs < 0:
         raise BadRequest("`logprobs` must be a non-negative value.", param="logprobs")

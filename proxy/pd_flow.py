@@ -81,9 +81,13 @@ class PDFlow:
         started = time.perf_counter()
         headers = {k: request.headers[k] for k in FORWARDED_HEADERS if k in request.headers}
         headers["X-Request-Id"] = request.headers.get("x-request-id") or f"{_ID_PREFIX}{next(_ids)}"
-        context = RequestContext(session=request.headers.get(self.config.routing.session_header) or body.user,
-                                 token_ids=body.token_ids, cache_salt=_str_or_none(body.body.get("cache_salt")),
-                                 hash_algo=self.config.kv.hash_algo, hash_seed=self.state.kv_index.seed)
+        context = RequestContext(
+            session=request.headers.get(self.config.routing.session_header) or body.user,
+            token_ids=body.token_ids,
+            cache_salt=_str_or_none(body.body.get("cache_salt")),
+            hash_algo=self.config.kv.hash_algo,
+            hash_seed=self.state.kv_index.seed,
+        )
         loop = self.loop
         if loop is None:
             loop = self.loop = asyncio.get_running_loop()
@@ -91,11 +95,15 @@ class PDFlow:
         if self.config.tokenize and context.token_ids is None and body.single_prompt:
             context.token_ids = body.token_ids = await self._tokenize(turn)
         decoder = self._pick("decode", context)
-        decision = decide(self.config.disagg, eligible=body.single_prompt,
-                          has_prefillers=bool(self.pool.all("prefill")), prompt_chars=body.prompt_chars,
-                          prompt_tokens=len(context.token_ids) if context.token_ids else None,
-                          decoder_hit=self._decoder_hit(context, decoder),
-                          aligned_block=aligned_block(self.state.kv_index.specs))
+        decision = decide(
+            self.config.disagg,
+            eligible=body.single_prompt,
+            has_prefillers=bool(self.pool.all("prefill")),
+            prompt_chars=body.prompt_chars,
+            prompt_tokens=len(context.token_ids) if context.token_ids else None,
+            decoder_hit=self._decoder_hit(context, decoder),
+            aligned_block=aligned_block(self.state.kv_index.specs),
+        )
         self.record.decision(decision)
         if decision == REMOTE:
             await self._prefill(turn)
@@ -118,8 +126,9 @@ class PDFlow:
         began = time.perf_counter()
         try:
             timeout = min(self.config.timeouts.tokenize_s, self._time_left(turn))
-            answer = await self.upstream.post_json(worker.url, "/tokenize", body, timeout=timeout, stage="tokenize",
-                                                   headers=turn.headers)
+            answer = await self.upstream.post_json(
+                worker.url, "/tokenize", body, timeout=timeout, stage="tokenize", headers=turn.headers
+            )
         except UpstreamStatus as e:
             if e.is_client_error and turn.body.endpoint == "chat":
                 raise  # the chat template refused the messages: the client's request is at fault
@@ -188,9 +197,14 @@ class PDFlow:
             leave = LeaveBehind(self.loop.time() + prefill_s, busy.release)
             try:
                 return await self.upstream.post_json(
-                    prefiller.url, turn.body.path, turn.body.prefill_body(self.config.kv.forward_token_ids),
-                    stage="prefill", timeout=min(prefill_s, max(0.0, self._time_left(turn))), headers=turn.headers,
-                    leave_behind=leave)
+                    prefiller.url,
+                    turn.body.path,
+                    turn.body.prefill_body(self.config.kv.forward_token_ids),
+                    stage="prefill",
+                    timeout=min(prefill_s, max(0.0, self._time_left(turn))),
+                    headers=turn.headers,
+                    leave_behind=leave,
+                )
             except (asyncio.CancelledError, UpstreamTimeout) as e:
                 if leave.taken and (isinstance(e, asyncio.CancelledError) or self._time_left(turn) <= 0):
                     self.record.abandoned_prefill()  # (P's own timeout drops the call at once: not abandoned)
@@ -227,12 +241,25 @@ class PDFlow:
             first_byte = min(self.config.timeouts.decode_first_byte_s, remaining) if stream else remaining
             try:
                 with self.pool.busy(decoder):
-                    async with self.upstream.open_post(decoder.url, turn.body.path, body, stage="decode",
-                                                       first_byte_timeout=first_byte, headers=turn.headers) as answer:
+                    async with self.upstream.open_post(
+                        decoder.url,
+                        turn.body.path,
+                        body,
+                        stage="decode",
+                        first_byte_timeout=first_byte,
+                        headers=turn.headers,
+                    ) as answer:
                         if stream and answer.content_type == "text/event-stream":
-                            result = await relay_sse(turn.request, answer, fix, worker=decoder.url,
-                                                     first_byte_timeout=first_byte, deadline=turn.deadline,
-                                                     loop=self.loop, on_first_byte=first_byte_out)
+                            result = await relay_sse(
+                                turn.request,
+                                answer,
+                                fix,
+                                worker=decoder.url,
+                                first_byte_timeout=first_byte,
+                                deadline=turn.deadline,
+                                loop=self.loop,
+                                on_first_byte=first_byte_out,
+                            )
                             status, usage = result.status, result.usage
                             if result.broken is not None:
                                 self.record.error(result.broken.kind)
@@ -241,8 +268,9 @@ class PDFlow:
                                 self.record.request(endpoint, turn.mode, "499")
                                 return
                         else:
-                            payload = await relay_json(turn.request, answer, fix, worker=decoder.url,
-                                                       deadline=turn.deadline, loop=self.loop)
+                            payload = await relay_json(
+                                turn.request, answer, fix, worker=decoder.url, deadline=turn.deadline, loop=self.loop
+                            )
                             status = answer.status
                             first_byte_out()
                             usage = payload.get("usage") if isinstance(payload, dict) else None

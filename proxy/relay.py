@@ -29,19 +29,22 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 FixUsage = Callable[[dict[str, Any]], int | None]
 
 
-async def relay_json(request: Request, resp: Response, fix: FixUsage, *, worker: str, deadline: float,
-                     loop: asyncio.AbstractEventLoop) -> Any:
+async def relay_json(
+    request: Request, resp: Response, fix: FixUsage, *, worker: str, deadline: float, loop: asyncio.AbstractEventLoop
+) -> Any:
     """Answer D's whole JSON (fixed) to the client; returns the decoded payload."""
     try:
         raw = await resp.read(max(0.0, deadline - loop.time()))
     except TimeoutError:
-        raise UpstreamTimeout(f"decode worker {worker} did not finish before the total timeout", worker=worker,
-                              stage="decode") from None
+        raise UpstreamTimeout(
+            f"decode worker {worker} did not finish before the total timeout", worker=worker, stage="decode"
+        ) from None
     try:
         payload = _decoder.decode(raw)
     except msgspec.DecodeError:
-        raise UpstreamUnavailable(f"decode worker {worker} answered a body that is not JSON", worker=worker,
-                                  stage="decode") from None
+        raise UpstreamUnavailable(
+            f"decode worker {worker} answered a body that is not JSON", worker=worker, stage="decode"
+        ) from None
     if isinstance(payload, dict):
         payload.pop("kv_transfer_params", None)
         fix(payload)
@@ -49,9 +52,17 @@ async def relay_json(request: Request, resp: Response, fix: FixUsage, *, worker:
     return payload
 
 
-async def relay_sse(request: Request, resp: Response, fix: FixUsage, *, worker: str,
-                    first_byte_timeout: float, deadline: float, loop: asyncio.AbstractEventLoop,
-                    on_first_byte: Callable[[], None]) -> SSEResult:
+async def relay_sse(
+    request: Request,
+    resp: Response,
+    fix: FixUsage,
+    *,
+    worker: str,
+    first_byte_timeout: float,
+    deadline: float,
+    loop: asyncio.AbstractEventLoop,
+    on_first_byte: Callable[[], None],
+) -> SSEResult:
     """Stream D's SSE to the client. The first bytes must come within `first_byte_timeout` seconds, or
     UpstreamTimeout is raised before anything was sent. A stream that breaks later ends with an SSE error
     event (the status line is gone already), and so does one cancelled because the proxy stops; a client that
@@ -59,8 +70,9 @@ async def relay_sse(request: Request, resp: Response, fix: FixUsage, *, worker: 
     try:
         first = await resp.readany(first_byte_timeout)
     except TimeoutError:
-        raise UpstreamTimeout(f"decode worker {worker} sent no first byte within {first_byte_timeout:g} s",
-                              worker=worker, stage="decode") from None
+        raise UpstreamTimeout(
+            f"decode worker {worker} sent no first byte within {first_byte_timeout:g} s", worker=worker, stage="decode"
+        ) from None
     result = SSEResult(resp.status)
     pipe = _SSEPipe(request, resp, fix, result)
     try:
@@ -82,15 +94,20 @@ async def relay_sse(request: Request, resp: Response, fix: FixUsage, *, worker: 
             async with asyncio.timeout_at(deadline):
                 await request.drain()
     except TimeoutError:
-        result.broken = UpstreamTimeout(f"decode worker {worker} did not finish before the total timeout",
-                                        worker=worker, stage="decode")
+        result.broken = UpstreamTimeout(
+            f"decode worker {worker} did not finish before the total timeout", worker=worker, stage="decode"
+        )
         write_stream_error(request, result.broken)
     except ConnectionResetError:
         result.client_gone = True  # leaving returns D's connection closed: vLLM aborts the request
     except asyncio.CancelledError:
         # the proxy stops and its drain timeout passed (a client that left has no transport: nothing is written)
-        write_stream_error(request, ShuttingDown("the proxy is shutting down and its drain timeout "
-                                                 "(--drain-timeout-s) passed; retry the request"))
+        write_stream_error(
+            request,
+            ShuttingDown(
+                "the proxy is shutting down and its drain timeout (--drain-timeout-s) passed; retry the request"
+            ),
+        )
         raise
     except HTTPClientError as e:
         result.broken = unavailable(e, worker, "decode", "broke the stream")
@@ -224,7 +241,7 @@ def _fix_lines(data: bytes, fix: FixUsage, result: SSEResult) -> bytes:
 
 
 def _fix_line(line: bytes, fix: FixUsage) -> tuple[bytes, dict[str, Any] | None]:
-    body = line[len(b"data: "):].rstrip(b"\r\n")
+    body = line[len(b"data: ") :].rstrip(b"\r\n")
     try:
         chunk = _decoder.decode(body)
     except msgspec.DecodeError:

@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
+
         loop_factory = uvloop.new_event_loop
     except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
         loop_factory = None
@@ -52,8 +53,12 @@ async def serve_until_signal(config: ProxyConfig) -> None:
         loop.add_signal_handler(sig, signals.put_nowait, sig)
     try:
         async with serve_in_background(config) as proxy:
-            log.info("hybrid-pd proxy listening on %s (decode: %d, prefill: %d workers)", proxy.url,
-                     len(config.decode), len(config.prefill))
+            log.info(
+                "hybrid-pd proxy listening on %s (decode: %d, prefill: %d workers)",
+                proxy.url,
+                len(config.decode),
+                len(config.prefill),
+            )
             print(f"hybrid-pd proxy listening on {proxy.url}", flush=True)
             log.info("%s: draining", signal.Signals(await signals.get()).name)
             drain = asyncio.create_task(proxy.drain())

@@ -33,7 +33,14 @@ class ProxyState:
         pool = WorkerPool()
         pool.set_workers("prefill", config.prefill)
         pool.set_workers("decode", config.decode)
-        return cls(config=config, pool=pool, kv_index=kv_index, metrics=metrics,
-                   upstream=Upstream(config.timeouts), admission=Admission(config.admission, metrics), deps=deps,
-                   decode_router=Router("decode", config.routing.decode, deps),
-                   prefill_router=Router("prefill", config.routing.prefill, deps))
+        return cls(
+            config=config,
+            pool=pool,
+            kv_index=kv_index,
+            metrics=metrics,
+            upstream=Upstream(config.timeouts),
+            admission=Admission(config.admission, metrics),
+            deps=deps,
+            decode_router=Router("decode", config.routing.decode, deps),
+            prefill_router=Router("prefill", config.routing.prefill, deps),
+        )

@@ -1,6 +1,6 @@
 """Deadlines as loop timers on futures, instead of asyncio.timeout contexts on the request path.
 
-    timer = loop.call_at(deadline, expire, fut)     # fut raises TimeoutError at the deadline, unless done before
+timer = loop.call_at(deadline, expire, fut)     # fut raises TimeoutError at the deadline, unless done before
 """
 
 from __future__ import annotations

@@ -39,8 +39,11 @@ class Upstream:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
         # No cookie jar: a cookie one worker sets must not reach other clients' requests.
         self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
-            timeout=aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect_s))
+            connector=connector,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect_s),
+        )
 
     async def close(self) -> None:
         self.pool.close()
@@ -53,17 +56,28 @@ class Upstream:
         assert self._session is not None, "Upstream.start() was not awaited"
         return self._session
 
-    async def post_json(self, base: str, path: str, body: Any, *, timeout: float, stage: str,
-                        headers: dict[str, str] | None = None, leave_behind: LeaveBehind | None = None) -> Any:
+    async def post_json(
+        self,
+        base: str,
+        path: str,
+        body: Any,
+        *,
+        timeout: float,
+        stage: str,
+        headers: dict[str, str] | None = None,
+        leave_behind: LeaveBehind | None = None,
+    ) -> Any:
         """POST a JSON body, return the decoded JSON answer; HTTP >= 400 raises UpstreamStatus. With
         `leave_behind`, a caller cancelled or timed out leaves the answer behind (the connection reads it unseen,
         until leave_behind.until) rather than dropping the connection, which the worker takes as its client
         leaving."""
-        return await self._call("POST", base, path, _encoder.encode(body), _json_headers(headers), timeout, stage,
-                                leave_behind)
+        return await self._call(
+            "POST", base, path, _encoder.encode(body), _json_headers(headers), timeout, stage, leave_behind
+        )
 
-    async def get_json(self, base: str, path: str, *, timeout: float, stage: str,
-                       headers: dict[str, str] | None = None) -> Any:
+    async def get_json(
+        self, base: str, path: str, *, timeout: float, stage: str, headers: dict[str, str] | None = None
+    ) -> Any:
         return await self._call("GET", base, path, None, headers, timeout, stage)
 
     async def is_healthy(self, base: str) -> bool:
@@ -78,14 +92,23 @@ class Upstream:
             return False
 
     @contextlib.asynccontextmanager
-    async def open_post(self, base: str, path: str, body: Any, *, first_byte_timeout: float, stage: str,
-                        headers: dict[str, str] | None = None) -> AsyncIterator[Response]:
+    async def open_post(
+        self,
+        base: str,
+        path: str,
+        body: Any,
+        *,
+        first_byte_timeout: float,
+        stage: str,
+        headers: dict[str, str] | None = None,
+    ) -> AsyncIterator[Response]:
         """POST and yield the open response once its headers arrived (HTTP >= 400 raises UpstreamStatus).
         Leaving the block closes the connection: for a response not read to its end, that aborts the request
         on the worker (vLLM aborts a request whose client went away)."""
         try:
-            resp = await self.pool.request("POST", base, path, _encoder.encode(body), _json_headers(headers),
-                                           timeout=first_byte_timeout)
+            resp = await self.pool.request(
+                "POST", base, path, _encoder.encode(body), _json_headers(headers), timeout=first_byte_timeout
+            )
             if resp.status >= 400:
                 try:
                     self._decode(resp.status, await resp.read(first_byte_timeout), base, stage)
@@ -102,8 +125,17 @@ class Upstream:
         finally:
             resp.close()  # an unfinished answer's connection is dropped, not pooled
 
-    async def _call(self, method: str, base: str, path: str, body: bytes | None, headers: dict[str, str] | None,
-                    timeout: float, stage: str, leave: Leave | None = None) -> Any:
+    async def _call(
+        self,
+        method: str,
+        base: str,
+        path: str,
+        body: bytes | None,
+        headers: dict[str, str] | None,
+        timeout: float,
+        stage: str,
+        leave: Leave | None = None,
+    ) -> Any:
         start = time.monotonic()
         try:
             resp = await self.pool.request(method, base, path, body, headers, timeout=timeout, leave=leave)
@@ -127,8 +159,11 @@ class Upstream:
         except msgspec.DecodeError:
             payload = raw.decode("utf-8", "replace")[:500]
             if status < 400:
-                raise UpstreamUnavailable(f"{stage} worker {base} answered HTTP {status} with a body that is "
-                                          "not JSON", worker=base, stage=stage) from None
+                raise UpstreamUnavailable(
+                    f"{stage} worker {base} answered HTTP {status} with a body that is not JSON",
+                    worker=base,
+                    stage=stage,
+                ) from None
         if status >= 400:
             raise UpstreamStatus(status, payload, worker=base, stage=stage)
         return payload
@@ -138,15 +173,17 @@ def _json_headers(headers: dict[str, str] | None) -> dict[str, str]:
     return {**JSON_HEADERS, **headers} if headers else JSON_HEADERS
 
 
-def unavailable(e: HTTPClientError | OSError, worker: str, stage: str,
-                what: str = "unreachable") -> UpstreamUnavailable:
+def unavailable(
+    e: HTTPClientError | OSError, worker: str, stage: str, what: str = "unreachable"
+) -> UpstreamUnavailable:
     """The client's error (or the socket's) as the proxy's: `{stage} worker {worker} {what}: {e!r}`."""
     return UpstreamUnavailable(f"{stage} worker {worker} {what}: {e!r}", worker=worker, stage=stage)
 
 
 def _raise_mapped(e: BaseException, base: str, stage: str, timeout: float) -> NoReturn:
     if isinstance(e, TimeoutError):
-        raise UpstreamTimeout(f"{stage} worker {base} gave no answer within {timeout:g} s", worker=base,
-                              stage=stage) from None
+        raise UpstreamTimeout(
+            f"{stage} worker {base} gave no answer within {timeout:g} s", worker=base, stage=stage
+        ) from None
     assert isinstance(e, (HTTPClientError, OSError))
     raise unavailable(e, base, stage) from None

@@ -48,8 +48,18 @@ class Wire(Protocol):
 class Response:
     """One answer: status and headers at once, the body as it arrives."""
 
-    __slots__ = ("status", "headers", "content_type", "_conn", "_chunks", "_done", "_exc", "_waiter",
-                 "_on_data", "_on_end")
+    __slots__ = (
+        "status",
+        "headers",
+        "content_type",
+        "_conn",
+        "_chunks",
+        "_done",
+        "_exc",
+        "_waiter",
+        "_on_data",
+        "_on_end",
+    )
 
     def __init__(self, conn: Wire, status: int, headers: dict[str, str]):
         self.status, self.headers, self._conn = status, headers, conn

@@ -58,8 +58,12 @@ class WorkerPool:
                 w = Worker(spec.url, role, spec.events, spec.identity)
                 self._emit("added", w)
             if w.terminating != spec.terminating:
-                log.info("%s worker %s %s", role, w.url, "is terminating: no new requests" if spec.terminating
-                         else "takes requests again")
+                log.info(
+                    "%s worker %s %s",
+                    role,
+                    w.url,
+                    "is terminating: no new requests" if spec.terminating else "takes requests again",
+                )
             w.terminating, w.identity = spec.terminating, w.identity or spec.identity
             new.append(w)
         for w in old.values():

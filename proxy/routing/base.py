@@ -35,7 +35,8 @@ class RequestContext:
         """The prompt's chained block hashes at this granularity, computed once per request."""
         if hash_block_size not in self._hashes:
             self._hashes[hash_block_size] = chained_block_hashes(
-                self.token_ids or [], hash_block_size, self.hash_algo, self.hash_seed, self.cache_salt)
+                self.token_ids or [], hash_block_size, self.hash_algo, self.hash_seed, self.cache_salt
+            )
         return self._hashes[hash_block_size]
 
 

@@ -32,6 +32,7 @@ class KVHitScorer:
 def hit_tokens(deps: Deps, ctx: RequestContext, w: Worker) -> int:
     """Usable hybrid hit of ctx's prompt on worker w (memoized in ctx.hits)."""
     if w.url not in ctx.hits:
-        ctx.hits[w.url] = deps.kv_index.hit_tokens(w.url, len(ctx.token_ids or ()), ctx.hashes_for,
-                                                   deps.kv.hash_block_size)
+        ctx.hits[w.url] = deps.kv_index.hit_tokens(
+            w.url, len(ctx.token_ids or ()), ctx.hashes_for, deps.kv.hash_block_size
+        )
     return ctx.hits[w.url]

@@ -17,6 +17,7 @@ def register_scorer(name: str) -> Callable[[Any], Any]:
             raise ValueError(f"scorer {name!r} registered twice")
         SCORERS[name] = factory
         return factory
+
     return add
 
 
@@ -26,4 +27,5 @@ def register_picker(name: str) -> Callable[[Any], Any]:
             raise ValueError(f"picker {name!r} registered twice")
         PICKERS[name] = factory
         return factory
+
     return add
