@@ -29,7 +29,7 @@ def install(delay_us: int | None = None) -> bool:
         return False
     base = api.nixlBind.nixlAgentConfig
 
-    class DelayedAgentConfig(base):  # type: ignore[misc, valid-type]
+    class DelayedAgentConfig(base):  # type: ignore[misc, valid-type]  # (a base known only at run time)
         def __setattr__(self, name: str, value: Any) -> None:
             if name == "pthrDelay":
                 value = max(int(value), delay)

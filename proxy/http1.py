@@ -53,13 +53,13 @@ class _Connection(asyncio.Protocol):
     def send(self, data: bytes) -> asyncio.Future:
         self._head = self.loop.create_future()
         self._keep_alive, self._resp, self._raw = True, None, b""
-        self.transport.write(data)  # type: ignore[union-attr]
+        self.transport.write(data)  # type: ignore[union-attr]  # (set before the pool hands it out)
         return self._head
 
     def abort(self) -> None:
         if not self.closed:
             self.closed = True
-            self.transport.abort()  # type: ignore[union-attr]
+            self.transport.abort()  # type: ignore[union-attr]  # (set before the pool hands it out)
 
     def leave(self, head: asyncio.Future | None, resp: Response | None, leave: Leave) -> None:
         """The caller of the answer whose head future is `head` (or whose Response is `resp`) stops waiting."""
@@ -82,16 +82,16 @@ class _Connection(asyncio.Protocol):
     def pause(self) -> None:
         if not self._paused and not self.closed:
             self._paused = True
-            self.transport.pause_reading()  # type: ignore[union-attr]
+            self.transport.pause_reading()  # type: ignore[union-attr]  # (set before the pool hands it out)
 
     def resume(self) -> None:
         if self._paused and not self.closed:
             self._paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
+            self.transport.resume_reading()  # type: ignore[union-attr]  # (set before the pool hands it out)
 
     # ---- asyncio.Protocol --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # (a TCP connection's is an asyncio.Transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -176,7 +176,8 @@ class _Connection(asyncio.Protocol):
 
     def _parse_chunks(self) -> None:
         """De-chunk what arrived; the body bytes of all complete chunks reach the Response in one piece."""
-        raw, pos, n, out = self._raw, 0, len(self._raw), []
+        raw, pos, n, out, resp = self._raw, 0, len(self._raw), [], self._resp
+        assert resp is not None  # (_parse_body runs with an answer in progress)
         while pos < n:
             left = self._left
             if left > 0:  # inside a chunk's data
@@ -201,7 +202,7 @@ class _Connection(asyncio.Protocol):
                 if not line:  # the empty line after the last chunk (and its trailers)
                     self._raw = raw[pos:]
                     if out:
-                        self._resp._feed(b"".join(out), last=True)  # type: ignore[union-attr]
+                        resp._feed(b"".join(out), last=True)
                     self._complete()
                     return
                 continue
@@ -220,16 +221,17 @@ class _Connection(asyncio.Protocol):
                 self._left = size
         self._raw = raw[pos:] if pos < n else b""
         if out:
-            self._resp._feed(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
+            resp._feed(out[0] if len(out) == 1 else b"".join(out))
 
     def _complete(self) -> None:
         resp, self._resp, self._head = self._resp, None, None
+        assert resp is not None, "an answer completes after its head"
         if self._keep_alive and not self._raw:
             self.reused = True
             self.pool._release(self)
         else:
             self.abort()
-        resp._finish()  # type: ignore[union-attr]
+        resp._finish()
         self._left_done()
 
 
@@ -241,7 +243,7 @@ class HTTPPool:
         # a request seldom meets a connection the worker is closing.
         self.connect_timeout, self.keepalive_s = connect_timeout, keepalive_s
         self._idle: dict[tuple[str, str, int], deque[_Connection]] = {}
-        self._keys: dict[str, tuple[str, str, int, bytes]] = {}
+        self._keys: dict[str, tuple[str, str, int, str]] = {}
         self._ssl: ssl.SSLContext | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -306,8 +308,8 @@ class HTTPPool:
         if key is None:
             u = urlsplit(base)
             port = u.port or (443 if u.scheme == "https" else 80)
-            key = self._keys[base] = (u.scheme, u.hostname or "", port, u.netloc)  # type: ignore[assignment]
-        return key  # type: ignore[return-value]
+            key = self._keys[base] = (u.scheme, u.hostname or "", port, u.netloc)
+        return key
 
     async def _acquire(
         self, loop: asyncio.AbstractEventLoop, key: tuple[str, str, int], deadline: float

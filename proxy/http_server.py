@@ -81,7 +81,7 @@ class Connection(asyncio.Protocol):
 
     # ---- asyncio.Protocol ----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # (a TCP connection's is an asyncio.Transport)
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
