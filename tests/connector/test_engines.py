@@ -88,24 +88,33 @@ def test_prefiller_with_other_weights_changes_the_output(engines, reference):
 
 
 def test_dead_prefiller_means_recompute_within_the_deadline(engines, reference):
-    urls = engines.up("p_other", "d")
+    dead_prefiller_read(engines, reference, "d")
+
+
+def dead_prefiller_read(engines, reference, decoder: str) -> None:
+    """D has read from P before (handshake done); P computes a prompt and dies before D's READ of it: the READ
+    itself fails (not a handshake) and D computes the prompt, with the right weights and no wait."""
+    urls = engines.up("p_other", decoder)
+    pd_complete(urls["p_other"], urls[decoder], text_of(300, 78))  # D knows P's agent from here on
     prompt = text_of(400, 77)
     p_resp = complete(urls["p_other"], prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
     victim = engines.running.pop("p_other")
     for proc in [*victim.descendants(), psutil.Process(victim.pid)]:  # vLLM runs in its own group
         proc.send_signal(signal.SIGKILL)
     victim.stop()
-    before = d_metrics(urls["d"])
+    before = d_metrics(urls[decoder])
     start = time.monotonic()
-    d_resp = complete(urls["d"], prompt, kv_transfer_params=p_resp["kv_transfer_params"])
+    d_resp = complete(urls[decoder], prompt, kv_transfer_params=p_resp["kv_transfer_params"])
     took = time.monotonic() - start
-    # a dead peer refuses its side channel or fails the READ at once: D's own compute is the rest
+    # a dead peer fails the READ at once: D's own compute is the rest
     assert took < 10, f"D took {took:.1f} s"
+    failures = [ln for ln in engines.logs[decoder].read_text().splitlines() if "KV load from" in ln]
+    assert failures and "NIXL transfer failed" in failures[-1], failures[-1:]  # the READ failed, not a handshake
     # recomputed by D with the right weights: the dead prefiller's (other) weights left no trace
     assert d_resp["choices"][0]["text"] == reference["killed"]
-    assert delta(before, d_metrics(urls["d"]))["hybrid_pd_failed_transfers_total"] == 1
+    assert delta(before, d_metrics(urls[decoder]))["hybrid_pd_failed_transfers_total"] == 1
     # and D still serves
-    assert complete(urls["d"], "hello world", max_tokens=2)["choices"][0]["text"] is not None
+    assert complete(urls[decoder], "hello world", max_tokens=2)["choices"][0]["text"] is not None
 
 
 def test_another_prefiller_after_one_died_is_handshaken(engines, reference):
@@ -274,3 +283,9 @@ def test_a_failed_load_is_computed_on_the_decoder_never_decoded_from_unloaded_bl
         assert failed_pd(text_of(n, 90_000 + n)) == reference["failed_load"][n]
     complete(urls[decoder], HIT_PREFIX)  # D caches a prefix (256 tokens): the failed load has a local hit
     assert failed_pd(HIT_PROMPT) == reference["failed_load_hit"]
+
+
+def test_a_failed_read_on_the_pre_032_path_is_computed_on_the_decoder(engines, reference):
+    """The same dead-prefiller READ on vLLM < 0.32's way of reporting loads (forced on this release); placed
+    last, beside the other d_legacy test, so the engines restart once."""
+    dead_prefiller_read(engines, reference, "d_legacy")

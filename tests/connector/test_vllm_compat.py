@@ -184,6 +184,18 @@ def test_scheduler_updates_the_connector_before_it_resumes_finished_loads(releas
         f"connector.update_connector_output (lines {update}) before its finished_recving loop (lines {resume})")
 
 
+def test_vllms_block_level_load_errors_still_handle_one_kv_cache_group_only(release):
+    """Why the connector never reports failed blocks through `get_block_ids_with_load_errors`: vLLM's handler
+    unpacks a request's block ids as ONE group, and a hybrid model has several (attention + Mamba), so the
+    engine would die on it. Failed loads go through the per-request channel (>= 0.32) or our FailedLoads rewind
+    (older). When vLLM handles several groups there, this fails: use the block-level path then."""
+    fn = methods(vllm_class(source(release), SCHEDULER, "Scheduler")).get("_update_requests_with_invalid_blocks")
+    single = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Tuple)
+              and len(n.targets[0].elts) == 1 and "get_block_ids" in ast.unparse(n.value)] if fn else []
+    assert single, (f"vLLM {release}: Scheduler._update_requests_with_invalid_blocks no longer unpacks one "
+                    "KV-cache group: report failed blocks through get_block_ids_with_load_errors")
+
+
 def test_vllm_calls_the_hooks_we_implement(release):
     src, scheduler = source(release), attrs(source(release).parse(SCHEDULER))
     missing = [f"{SCHEDULER} never uses connector.{h}" for h in HOOKS

@@ -15,6 +15,7 @@ of 120 s, so that the leak check need not wait two minutes for the blocks of cli
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
@@ -45,7 +47,7 @@ def worker_cmd(role: str, model: str, port: int, side: int, events: int, core: s
     return [HYBRID_PD, role, "--connector", "hybrid", "--model", model, "--port", str(port), "--cpu-bind", core,
             "--side-channel-port", str(side), "--kv-events-port", str(events), "--kv-cache-gib", "1",
             "--max-model-len", "2048", "--max-num-batched-tokens", "2048", "--max-num-seqs", "4",
-            "--served-model-name", "tiny"]
+            "--served-model-name", "tiny", "--", "--shutdown-timeout", "30"]  # as deploy/k8s runs them
 
 
 def proxy_counts(url: str, worker_url: str) -> dict[str, float]:
@@ -219,3 +221,29 @@ def test_a_decoder_killed_under_load_rejoins_with_its_own_command(cluster):
     assert moved["hybrid_pd_bytes_transferred_count"] == 1 and moved["hybrid_pd_failed_transfers_total"] == 0
     assert after["events"] > before["events"]  # the new decoder's KV events reach the proxy
     assert_back_to_idle(c)
+
+
+def test_a_stream_in_flight_when_its_decoder_gets_sigterm_completes(cluster):
+    """A rollout's SIGTERM reaches D's launcher, which forwards it to vLLM's process group: vLLM (with
+    --shutdown-timeout, as the manifests give it) takes no new request and finishes the streams it serves."""
+    c = cluster
+    body = json.dumps({"model": "tiny", "prompt": text_of(200, 9), "max_tokens": 300, "ignore_eos": True,
+                       "temperature": 0.0, "stream": True}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", urlsplit(c.urls["proxy"]).port, timeout=DEADLINE_S)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    events, done = 0, False
+    for line in resp:
+        if not line.startswith(b"data: "):
+            continue
+        if line.strip() == b"data: [DONE]":
+            done = True
+            break
+        assert b'"error"' not in line, line
+        events += 1
+        if events == 5:
+            c.procs["d"].signal(signal.SIGTERM, group=False)  # the launcher only, as the kubelet does
+    conn.close()
+    assert done and events >= 300, (events, done)  # every token, then the end of the stream
+    assert c.procs["d"].proc.wait(60) == 0  # and D stopped cleanly once it was served
