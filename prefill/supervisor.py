@@ -131,8 +131,12 @@ def run_until_signalled(child: ChildProcess, startup_timeout: float) -> int:
     stop = threading.Event()
 
     def forward(signum, _frame):
+        # The first signal goes to vLLM's API server alone: it drains (--shutdown-timeout), then stops its engine
+        # core and workers itself; signalling the whole group stopped the workers under the requests it was
+        # draining. A second signal stops the group at once.
+        again = stop.is_set()
         stop.set()
-        child.signal(signum)
+        child.signal(signum, group=again)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
