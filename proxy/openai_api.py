@@ -138,6 +138,9 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> OpenAIRequest:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
     except RecursionError:
         raise BadRequest("request body is nested too deeply") from None
+    if raw.count(b"[") + raw.count(b"{") > MAX_NESTING and _nesting(body) > MAX_NESTING:
+        # msgspec decodes deeper than it can encode again from the stack the request runs on: refuse it here
+        raise BadRequest(f"request body is nested too deeply (more than {MAX_NESTING} levels)")
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     _check_type(body, "model", str)
@@ -170,6 +173,22 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> OpenAIRequest:
         single and n in (1, None) and body.get("best_of") in (1, None),
         body.get("user"),
     )
+
+
+MAX_NESTING = 256  # levels of arrays and objects a body may nest (no OpenAI request needs more)
+
+
+def _nesting(obj: Any) -> int:
+    """How deep arrays and objects nest in a decoded body, without recursion."""
+    deepest, todo = 0, [(obj, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, dict):
+            node = list(node.values())
+        if isinstance(node, list):
+            deepest = max(deepest, depth)
+            todo.extend((child, depth + 1) for child in node if isinstance(child, (dict, list)))
+    return deepest
 
 
 def _check_output_fields(body: dict[str, Any], endpoint: Endpoint, stream: bool) -> None:
