@@ -75,12 +75,17 @@ def cores_of_every_thread(proc) -> set[int]:
 
 
 def kill_group(proc) -> None:
-    for p in [*proc.descendants(), psutil.Process(proc.pid)]:
+    """SIGKILL a launcher and everything under it, and wait until all of it is gone: a process that is still
+    tearing down its memory holds its sockets, and a restart on the same ports would find them in use."""
+    victims = [*proc.descendants(), psutil.Process(proc.pid)]
+    for p in victims:
         try:
             p.send_signal(signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
     proc.stop()
+    _, alive = psutil.wait_procs(victims, timeout=60)
+    assert not alive, f"still alive 60 s after SIGKILL: {alive}"
 
 
 @pytest.fixture(scope="module")
