@@ -116,8 +116,20 @@ def pd_turn(c, salt: int) -> str:
     return text
 
 
-def restart(c, name: str, attempt: str) -> None:
-    c.procs[name] = c.launch(f"{name}-{attempt}", c.cmds[name], c.urls[name], c.envs[name])
+def restart(c, name: str, attempt: str, tries: int = 5) -> None:
+    """Run the worker's own command again, as a restart policy would: a start the launcher refused (exit 2, e.g.
+    a port the dead worker's processes still held) is run again 3 s later."""
+    for i in range(tries):
+        proc = c.procs[name] = c.launch(f"{name}-{attempt}-{i}", c.cmds[name], c.urls[name], c.envs[name])
+        deadline = time.monotonic() + 60
+        while proc.proc.poll() is None and "starting" not in proc.log_path.read_text():
+            assert time.monotonic() < deadline, f"{name}'s launcher neither started vLLM nor refused"
+            time.sleep(0.2)
+        if proc.proc.poll() != 2:
+            return
+        print(f"{name}: start {i + 1} refused: {proc.log_path.read_text().strip()[-200:]}")
+        time.sleep(3)
+    raise AssertionError(f"{name} refused to start {tries} times")
 
 
 def until_pd_again(c, worker: str, salt: int) -> tuple[dict, dict]:
