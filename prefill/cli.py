@@ -14,6 +14,7 @@ import sys
 from hybrid_pd.prefill.aligned_block import AlignedBlockWatch
 from hybrid_pd.prefill.errors import ConfigError, WorkerError
 from hybrid_pd.prefill.supervisor import ChildProcess, run_until_signalled
+from hybrid_pd.prefill.warmup import ReadyFile, describe, parse_lengths, plan, warm_up
 from hybrid_pd.prefill.worker_config import WorkerConfig
 
 ROLE_DEFAULTS = {
@@ -23,6 +24,7 @@ ROLE_DEFAULTS = {
 
 
 TINY_SERVED_NAME = "hybrid-pd-tiny"
+DEFAULT_WARMUP = {"gpu": "2048,8192", "cpu": "none"}
 
 
 def default_device() -> str:
@@ -102,6 +104,19 @@ def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument(
+        "--warmup-lengths",
+        default=None,
+        metavar="TOKENS[,TOKENS]",
+        help="once vLLM is healthy, send a prompt of each length from scratch and again after its prefix "
+        f"(compiles the GPU kernels clients would otherwise wait for), then write --ready-file; "
+        f"'none' skips it (default: {DEFAULT_WARMUP['gpu']} on GPUs, none on CPUs)",
+    )
+    ap.add_argument(
+        "--ready-file",
+        default=None,
+        help="file written once the worker is healthy and warm, removed when it stops (readiness probe)",
+    )
     ap.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then extra vLLM flags")
 
 
@@ -146,6 +161,10 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         config = config_from_args(args, role)
+        try:
+            lengths = parse_lengths(args.warmup_lengths or DEFAULT_WARMUP[config.device])
+        except ValueError as e:
+            raise ConfigError([f"--warmup-lengths: {e}"]) from None
         for w in config.warnings:
             print(f"[hybrid-pd] warning: {w}", file=sys.stderr)
         if config.cpu_cores is not None:
@@ -162,7 +181,19 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
             f"{config.kv_events_endpoint}, NIXL side channel {config.host}:{config.side_channel_port}",
             flush=True,
         )
-        return run_until_signalled(child, args.startup_timeout)
+        def warm() -> None:
+            sizes = plan(lengths, config.max_model_len, watch.block)
+            print(f"[hybrid-pd] warming up: {len(sizes) * 2} requests", flush=True)
+            try:
+                done = warm_up(config.url, config.served_model_name or config.model, config.model, sizes)
+            except Exception as e:  # a warm-up is an optimisation: never leave vLLM behind for it
+                print(f"[hybrid-pd] warm-up stopped: {e!r}", flush=True)
+                return
+            print(f"[hybrid-pd] {describe(done)}", flush=True)
+
+        return run_until_signalled(
+            child, args.startup_timeout, warm_up=warm if lengths else None, ready=ReadyFile(args.ready_file)
+        )
     except WorkerError as e:
         print(f"[hybrid-pd] {role}: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1

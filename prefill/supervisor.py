@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import IO
 
 from hybrid_pd.prefill.errors import WorkerStartError
+from hybrid_pd.prefill.warmup import ReadyFile
 
 
 class ChildProcess:
@@ -126,9 +127,16 @@ def health_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def run_until_signalled(child: ChildProcess, startup_timeout: float) -> int:
-    """The launcher's main loop: start, wait for health, forward SIGTERM/SIGINT, return the exit code."""
+def run_until_signalled(
+    child: ChildProcess,
+    startup_timeout: float,
+    warm_up: Callable[[], None] | None = None,
+    ready: ReadyFile | None = None,
+) -> int:
+    """The launcher's main loop: start, wait for health, warm up, write the ready file, forward SIGTERM/SIGINT
+    (the ready file goes at the first), return the exit code."""
     stop = threading.Event()
+    ready = ready or ReadyFile(None)
 
     def forward(signum, _frame):
         # The first signal goes to vLLM's API server alone: it drains (--shutdown-timeout), then stops its engine
@@ -136,6 +144,7 @@ def run_until_signalled(child: ChildProcess, startup_timeout: float) -> int:
         # draining. A second signal stops the group at once.
         again = stop.is_set()
         stop.set()
+        ready.clear()
         child.signal(signum, group=again)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -147,8 +156,16 @@ def run_until_signalled(child: ChildProcess, startup_timeout: float) -> int:
         child.stop()
         raise
     print(f"[hybrid-pd] {child.name} healthy at {child.url} after {took:.1f}s (pid {child.pid})", flush=True)
+    if warm_up is not None and not stop.is_set():
+        warm_up()
     assert child.proc
-    code = child.proc.wait()
+    if not stop.is_set() and child.proc.poll() is None:
+        ready.set()
+        print(f"[hybrid-pd] {child.name} ready" + (f" ({ready.path})" if ready.path else ""), flush=True)
+    try:
+        code = child.proc.wait()
+    finally:
+        ready.clear()
     child.stop(grace=5)
     if stop.is_set():
         return 0

@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-length", type=int, default=8192)
     ap.add_argument("--warmup-lengths", default="",
                     help="untimed agentic conversations at these lengths after the probe, before the workloads")
+    ap.add_argument("--launcher-warmup", default="2048,8192",
+                    help="the launchers' --warmup-lengths ('none': a cold engine, as before 2026-11-24)")
     ap.add_argument("--logprobs", type=int, default=2, help="top-k logprobs per token (0: none; runs of "
                     "2026-11-23 had none)")
     ap.add_argument("--v2", action="store_true", help="VLLM_USE_V2_MODEL_RUNNER=1")

@@ -44,14 +44,18 @@ class Engines:
                 "--port", str(port), "--side-channel-port", str(free_port()), "--kv-events-port", str(free_port()),
                 "--gpu-memory-utilization", str(a.util), "--max-model-len", str(a.max_model_len),
                 "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--max-num-seqs", str(a.max_num_seqs),
-                "--served-model-name", "m", "--startup-timeout", "560"]
+                "--served-model-name", "m", "--startup-timeout", "560",
+                "--warmup-lengths", a.launcher_warmup, "--ready-file", str(self.logs / f"{name}.ready")]
         argv += (["--checkpoint-every", str(a.checkpoint_every)] if a.checkpoint_every else [])
         argv += ["--"] + vllm_extra(a)
         proc = Launched(name, argv, f"http://127.0.0.1:{port}", self.logs, env=self.env)
         self.procs.append(proc)
         log(f"starting {name}: {' '.join(argv[1:])}")
         self.start_s[name] = round(proc.wait_healthy(580), 1)
-        log(f"{name} healthy after {self.start_s[name]} s")
+        warm = proc.wait_file(self.logs / f"{name}.ready", 300)  # the launcher's warm-up (compiles kernels)
+        self.start_s[f"{name} warm-up"] = round(warm, 1)
+        said = [line for line in proc.log_path.read_text().splitlines() if "[hybrid-pd] warm-up:" in line]
+        log(f"{name} healthy after {self.start_s[name]} s, ready {warm:.1f} s later; {said[-1] if said else ''}")
         return proc
 
     def proxy(self, prefill: list[Launched], decode: Launched) -> Launched:

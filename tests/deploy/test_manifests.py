@@ -88,9 +88,10 @@ def test_policy_checks_catch_a_broken_worker(rendered):
     c["resources"]["requests"]["nvidia.com/gpu"] = "1"
     c["securityContext"]["capabilities"]["add"] = ["SYS_ADMIN"]
     pod["spec"]["automountServiceAccountToken"] = True
+    c["readinessProbe"] = {"httpGet": {"path": "/health", "port": "http"}}
     problems = policy_problems(docs)
     for wanted in ("preStop sleep", "no --shutdown-timeout", "needs a pinned tag", "requests must equal limits",
-                   "adds capabilities ['SYS_ADMIN']", "service-account token"):
+                   "adds capabilities ['SYS_ADMIN']", "service-account token", "readinessProbe must test"):
         assert any(wanted in p for p in problems), wanted
 
 

@@ -1,11 +1,14 @@
 """The launcher around a real vLLM process: a child that dies at start-up makes the launcher exit non-zero
-with the child's last log lines, and leaves no process behind."""
+with the child's last log lines, and leaves no process behind; a healthy one is warmed up before its ready
+file appears."""
 
 import subprocess
 
 import psutil
+import pytest
 
-from tests.support.procs import HYBRID_PD, free_port
+from hybrid_pd.prefill.warmup import EXTEND_TOKENS, MAX_TOKENS, parse_lengths, plan
+from tests.support.procs import HYBRID_PD, free_port, metric_sum, scrape_metrics, worker_argv
 
 
 def test_vllm_dying_at_startup_exits_nonzero_with_its_last_lines(tiny_model):
@@ -27,3 +30,31 @@ def test_broken_configuration_is_refused_before_vllm_starts(tiny_model):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert "use --conv-state-layout DS" in run.stderr and "vllm" not in run.stdout.lower()
+
+
+def test_the_launcher_warms_its_engine_up_then_writes_its_ready_file(tiny_model, launch, tmp_path):
+    """The warm-up (a prompt from scratch, then the same prompt extended: a prefix hit from its aligned
+    checkpoint) runs through vLLM before the ready file exists, and the file goes at SIGTERM."""
+    ready = tmp_path / "ready"
+    port = free_port()
+    argv = worker_argv("decode", connector="none", port=port, cpu_bind="1", model=tiny_model,
+                       extra=["--warmup-lengths", "300", "--ready-file", str(ready)])
+    worker = launch("warmup-decode", argv, f"http://127.0.0.1:{port}")
+    worker.wait_file(ready, timeout=300)
+    text = worker.log_path.read_text()
+    assert "healthy at" in text and text.index("healthy at") < text.index("[hybrid-pd] warm-up: 300 tokens")
+    assert "364 tokens after a 300-token prefix" in text and "failed" not in text.split("warm-up:")[1].split("\n")[0]
+    metrics = scrape_metrics(worker.url)
+    assert metric_sum(metrics, "vllm:prompt_tokens_total") == 300 + 364
+    assert metric_sum(metrics, "vllm:prefix_cache_hits_total") == 256  # one aligned block of the CPU tiny model
+    assert worker.stop() == []
+    assert not ready.exists()
+
+
+def test_warm_up_lengths_are_planned_inside_the_context_and_past_one_aligned_block():
+    assert parse_lengths("none") == () and parse_lengths("2048,8192") == (2048, 8192)
+    assert plan((2048, 8192), max_model_len=4096, aligned_block=544) == [2048, 4096 - EXTEND_TOKENS - MAX_TOKENS]
+    assert plan((100,), max_model_len=40960, aligned_block=544) == [545]  # the twin must start from a checkpoint
+    assert plan((100, 200), max_model_len=40960, aligned_block=None) == [100, 200]
+    with pytest.raises(ValueError):
+        parse_lengths("2048,-1")

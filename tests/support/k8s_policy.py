@@ -97,6 +97,11 @@ def worker_problems(where: str, c: dict, pod: dict) -> list[str]:
         if budget < MIN_START_BUDGET_S or launcher > budget:
             problems.append(f"{where}: startupProbe budget {budget} s must be >= {MIN_START_BUDGET_S} s and >= "
                             f"the launcher's --startup-timeout {launcher:g} s")
+    ready_file = flag_value(c["args"], "--ready-file")
+    for probe in ("startupProbe", "readinessProbe"):
+        if c.get(probe, {}).get("exec", {}).get("command") != ["test", "-f", ready_file]:
+            problems.append(f"{where}: {probe} must test the launcher's --ready-file (vLLM's /health turns 200 "
+                            "before the warm-up has compiled the kernels clients would wait for)")
     mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
     if "/dev/shm" not in mounts:
         problems.append(f"{where}: no /dev/shm volume")

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -67,6 +68,18 @@ class Launched(ChildProcess):
         self.log_path = log_dir / f"{name}.log"
         super().__init__(name, argv, url, env={**os.environ, **(env or {})}, log=open(self.log_path, "w"))
         self.start()
+
+    def wait_file(self, path: Path, timeout: float, poll: float = 0.2) -> float:
+        """Block until `path` exists (a launcher's --ready-file); return the seconds it took. Raise if the
+        launcher exits first or the time runs out."""
+        start = time.monotonic()
+        while not path.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} before writing {path}")
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"{self.name}: no {path} after {timeout:.0f} s")
+            time.sleep(poll)
+        return time.monotonic() - start
 
     def descendants(self) -> list:
         import psutil
@@ -132,7 +145,7 @@ def worker_argv(role: str, *, connector: str, port: int, cpu_bind: str, model: s
     launcher_args, vllm_args = extra[:cut], extra[cut + 1:]
     if os.environ.get("HYBRID_PD_TEST_DEVICE") == "gpu":
         argv += ["--device", "gpu", "--gpu-memory-utilization", os.environ.get("HYBRID_PD_TEST_GPU_UTIL", "0.2"),
-                 "--max-model-len", "8192", "--max-num-batched-tokens", "8192"]
+                 "--max-model-len", "8192", "--max-num-batched-tokens", "8192", "--warmup-lengths", "none"]
         vllm_args = ["--enforce-eager", *json.loads(os.environ.get("HYBRID_PD_TEST_VLLM_ARGS", "[]")), *vllm_args]
     else:
         argv += ["--cpu-bind", cpu_bind, "--kv-cache-gib", "1", "--max-model-len", "2048",

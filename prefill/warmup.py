@@ -1,0 +1,132 @@
+"""Warm a freshly started worker up before it reports ready.
+
+On a GPU, vLLM compiles Triton kernels the first time it meets a shape: the Mamba/GDN prefill kernels for a
+prompt from scratch, again for a prompt that starts from a cached state (a prefix hit), and per new length
+bucket. On a fresh machine the first such requests took 1.0-1.9 s instead of 70-200 ms (H100, Qwen3-Next
+shapes, deploy/gpu/results/2026-11-23-h100-qwen3next), and every pod start is a fresh machine unless the
+kernel cache is kept on a volume. The launcher therefore sends, once vLLM's /health answers, a few untimed
+requests through vLLM's own API (a prompt of each warm-up length from scratch, then the same prompt extended,
+which starts from its aligned checkpoint), and only then writes its ready file, which the Kubernetes
+readiness probe checks. Prompts are token ids drawn from a per-start seed, so no client prompt shares them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+EXTEND_TOKENS = 64  # tokens added to a warm-up prompt for its prefix-hit twin
+MAX_TOKENS = 4  # decode steps per warm-up request (the decode graphs were captured at start-up)
+
+
+@dataclass(frozen=True)
+class WarmupRequest:
+    label: str
+    tokens: int
+    seconds: float
+    error: str | None = None
+
+
+def parse_lengths(text: str) -> tuple[int, ...]:
+    """'2048,8192' -> (2048, 8192); 'none' or '' -> ()."""
+    if text.strip().lower() in ("", "none", "0"):
+        return ()
+    lengths = tuple(int(part) for part in text.split(","))
+    if any(n < 1 for n in lengths):
+        raise ValueError(f"warm-up lengths must be positive token counts: {text!r}")
+    return lengths
+
+
+def plan(lengths: tuple[int, ...], max_model_len: int, aligned_block: int | None) -> list[int]:
+    """The prompt lengths to send: each asked length, kept where a prefix-hit twin still fits the context, and
+    at least one aligned block long so that the twin starts from a checkpoint."""
+    room = max_model_len - EXTEND_TOKENS - MAX_TOKENS
+    out: list[int] = []
+    for n in lengths:
+        n = max(n, (aligned_block or 0) + 1)
+        n = min(n, room)
+        if n > 0 and n not in out:
+            out.append(n)
+    return out
+
+
+def token_range(model: str) -> tuple[int, int]:
+    """Token ids to draw prompts from: the middle of the vocabulary of a local model (special tokens sit at
+    its ends), else ids 100-255, which every tokenizer we serve has as ordinary tokens."""
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+        vocab = int(cfg.get("text_config", cfg)["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 100, 255
+    return vocab // 8, vocab - vocab // 8
+
+
+def warm_up(
+    url: str,
+    served_name: str,
+    model: str,
+    lengths: list[int],
+    seed: int | None = None,
+    timeout: float = 600.0,
+) -> list[WarmupRequest]:
+    """Send each warm-up request in turn; return what each took (an error is recorded, not raised: a worker
+    that cannot serve fails its clients' requests and its health check, which say more than we could)."""
+    rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+    low, high = token_range(model)
+    done: list[WarmupRequest] = []
+    for n in lengths:
+        prompt = [rng.randint(low, high) for _ in range(n)]
+        twin = prompt + [rng.randint(low, high) for _ in range(EXTEND_TOKENS)]
+        for label, tokens in ((f"{n} tokens", prompt), (f"{len(twin)} tokens after a {n}-token prefix", twin)):
+            done.append(_complete(url, served_name, label, tokens, timeout))
+    return done
+
+
+def _complete(url: str, model: str, label: str, tokens: list[int], timeout: float) -> WarmupRequest:
+    body = json.dumps(
+        {"model": model, "prompt": tokens, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+    ).encode()
+    req = urllib.request.Request(
+        url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            resp.read()
+        error = None
+    except urllib.error.HTTPError as e:
+        error = f"HTTP {e.code}: {e.read(300).decode(errors='replace')}"
+    except (urllib.error.URLError, OSError) as e:
+        error = str(e)
+    return WarmupRequest(label, len(tokens), time.monotonic() - start, error)
+
+
+def describe(done: list[WarmupRequest]) -> str:
+    parts = [f"{r.label} {r.seconds * 1000:,.0f} ms" + (f" (failed: {r.error})" if r.error else "") for r in done]
+    return "warm-up: " + ("; ".join(parts) if parts else "none")
+
+
+class ReadyFile:
+    """A file that exists while the worker is warm and not stopping (the readiness probe tests it)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.clear()
+
+    def set(self) -> None:
+        if self.path:
+            with open(self.path, "w") as f:
+                f.write(f"{os.getpid()}\n")
+
+    def clear(self) -> None:
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
