@@ -181,9 +181,10 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
             f"{config.kv_events_endpoint}, NIXL side channel {config.host}:{config.side_channel_port}",
             flush=True,
         )
+
         def warm() -> None:
             sizes = plan(lengths, config.max_model_len, watch.block)
-            print(f"[hybrid-pd] warming up: {len(sizes) * 2} requests", flush=True)
+            print(f"[hybrid-pd] warming up: {len(sizes) * 4} requests", flush=True)
             try:
                 done = warm_up(config.url, config.served_model_name or config.model, config.model, sizes)
             except Exception as e:  # a warm-up is an optimisation: never leave vLLM behind for it

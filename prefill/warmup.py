@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 EXTEND_TOKENS = 64  # tokens added to a warm-up prompt for its prefix-hit twin
+ODD = 13  # a second length per asked one, not a multiple of 16
 MAX_TOKENS = 4  # decode steps per warm-up request (the decode graphs were captured at start-up)
 
 
@@ -46,7 +47,7 @@ def parse_lengths(text: str) -> tuple[int, ...]:
 def plan(lengths: tuple[int, ...], max_model_len: int, aligned_block: int | None) -> list[int]:
     """The prompt lengths to send: each asked length, kept where a prefix-hit twin still fits the context, and
     at least one aligned block long so that the twin starts from a checkpoint."""
-    room = max_model_len - EXTEND_TOKENS - MAX_TOKENS
+    room = max_model_len - 2 * ODD - EXTEND_TOKENS - MAX_TOKENS
     out: list[int] = []
     for n in lengths:
         n = max(n, (aligned_block or 0) + 1)
@@ -81,10 +82,13 @@ def warm_up(
     low, high = token_range(model)
     done: list[WarmupRequest] = []
     for n in lengths:
-        prompt = [rng.randint(low, high) for _ in range(n)]
-        twin = prompt + [rng.randint(low, high) for _ in range(EXTEND_TOKENS)]
-        for label, tokens in ((f"{n} tokens", prompt), (f"{len(twin)} tokens after a {n}-token prefix", twin)):
-            done.append(_complete(url, served_name, label, tokens, timeout))
+        # Triton specialises integer arguments by divisibility by 16: one length of each kind, each from
+        # scratch and again after its prefix (the prefill that starts from a cached state).
+        for size in (n, n + ODD):
+            prompt = [rng.randint(low, high) for _ in range(size)]
+            twin = prompt + [rng.randint(low, high) for _ in range(EXTEND_TOKENS + (size - n))]
+            for label, tokens in ((f"{size} tokens", prompt), (f"{len(twin)} after {size}", twin)):
+                done.append(_complete(url, served_name, label, tokens, timeout))
     return done
 
 

@@ -305,6 +305,12 @@ class WorkerConfig:
             env.setdefault("UCX_NET_DEVICES", "lo")  # keep UCX's TCP transport on loopback
         if "PYTHONHASHSEED" not in env and vllm_none_hash_is_random():
             env["PYTHONHASHSEED"] = LAUNCHER_HASH_SEED
+        if self.device == "gpu" and self.connector != "none":
+            # UCX turns cuda_ipc GET (what a NIXL READ is) off unless it detects NVLink ("cuda-ipc get zcopy
+            # disabled as no nvlinks detected") and falls back to TCP with host staging: 0.5 GB/s between two
+            # processes on one H100 against 796 GB/s with it on (deploy/gpu/results/2026-11-24-h100-qwen3next/
+            # nixl-bench.json). A user's own setting wins; "auto" restores UCX's choice.
+            env.setdefault("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "on")
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
             if self.cpu_bind is not None:

@@ -7,7 +7,7 @@ import subprocess
 import psutil
 import pytest
 
-from hybrid_pd.prefill.warmup import EXTEND_TOKENS, MAX_TOKENS, parse_lengths, plan
+from hybrid_pd.prefill.warmup import EXTEND_TOKENS, MAX_TOKENS, ODD, parse_lengths, plan
 from tests.support.procs import HYBRID_PD, free_port, metric_sum, scrape_metrics, worker_argv
 
 
@@ -43,17 +43,19 @@ def test_the_launcher_warms_its_engine_up_then_writes_its_ready_file(tiny_model,
     worker.wait_file(ready, timeout=300)
     text = worker.log_path.read_text()
     assert "healthy at" in text and text.index("healthy at") < text.index("[hybrid-pd] warm-up: 300 tokens")
-    assert "364 tokens after a 300-token prefix" in text and "failed" not in text.split("warm-up:")[1].split("\n")[0]
+    said = text.split("[hybrid-pd] warm-up:")[1].split("\n")[0]
+    assert "364 after 300" in said and "313 tokens" in said and "390 after 313" in said and "failed" not in said
     metrics = scrape_metrics(worker.url)
-    assert metric_sum(metrics, "vllm:prompt_tokens_total") == 300 + 364
-    assert metric_sum(metrics, "vllm:prefix_cache_hits_total") == 256  # one aligned block of the CPU tiny model
+    assert metric_sum(metrics, "vllm:prompt_tokens_total") == 300 + 364 + 313 + 390
+    assert metric_sum(metrics, "vllm:prefix_cache_hits_total") == 2 * 256  # an aligned block of the CPU tiny model
     assert worker.stop() == []
     assert not ready.exists()
 
 
 def test_warm_up_lengths_are_planned_inside_the_context_and_past_one_aligned_block():
     assert parse_lengths("none") == () and parse_lengths("2048,8192") == (2048, 8192)
-    assert plan((2048, 8192), max_model_len=4096, aligned_block=544) == [2048, 4096 - EXTEND_TOKENS - MAX_TOKENS]
+    room = 4096 - 2 * ODD - EXTEND_TOKENS - MAX_TOKENS
+    assert plan((2048, 8192), max_model_len=4096, aligned_block=544) == [2048, room]
     assert plan((100,), max_model_len=40960, aligned_block=544) == [545]  # the twin must start from a checkpoint
     assert plan((100, 200), max_model_len=40960, aligned_block=None) == [100, 200]
     with pytest.raises(ValueError):

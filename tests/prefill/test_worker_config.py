@@ -165,6 +165,14 @@ def test_cli_refuses_with_exit_2_and_names_the_flag(hybrid_model, capsys):
     assert "remove --no-prefix-caching" in capsys.readouterr().err
 
 
+def test_gpu_workers_let_ucx_read_over_cuda_ipc_without_nvlink_unless_the_user_said_otherwise(hybrid_model):
+    gpu = make(hybrid_model, device="gpu")
+    assert gpu.env({})["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "on"
+    assert gpu.env({"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "auto"})["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "auto"
+    assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in make(hybrid_model).env({})  # CPU: no CUDA memory to read
+    assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in make(hybrid_model, device="gpu", connector="none").env({})
+
+
 def test_wildcard_bind_advertises_the_pod_ip(hybrid_model, monkeypatch):
     monkeypatch.setenv("POD_IP", "10.1.2.3")
     env = make(hybrid_model, host="0.0.0.0").env({})
