@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU benchmark at real model shapes on ONE GPU, one set-up per device call (each well under 10 minutes).
 # The lent GPU machine has no package index and is given back 30 s after a call, so the wheelhouse
-# (build_wheelhouse.sh, ~400 MB) travels as tar chunks of 60 MiB, one per call, kept on its disk until the
+# (build_wheelhouse.sh, ~400 MB) travels as tar chunks of 54 MiB (the working tree travels with each), one per call, kept on its disk until the
 # last arrives; every step below is idempotent, so calls can be chained back to back.
 #
 #   (here)   bash deploy/gpu/bench_gpu.sh chunks WHEELHOUSE CHUNK_DIR    # tar stream split into CHUNK_DIR/cNN/
@@ -38,7 +38,7 @@ cmd=${1:?chunks|stash|install|model|run|save-cache|restore-cache}; shift
 case $cmd in
   chunks)
     src=${1:?wheelhouse}; dst=${2:?chunk folder}; rm -rf "$dst"; mkdir -p "$dst/all"
-    tar -cf - -C "$src" . | split -b 60m -d - "$dst/all/wh.tar."
+    tar -cf - -C "$src" . | split -b 54m -d - "$dst/all/wh.tar."
     for f in "$dst"/all/wh.tar.*; do n=${f##*.}; mkdir -p "$dst/c$n"; mv "$f" "$dst/c$n/"; done
     rmdir "$dst/all"; ls -la "$dst"/c* ;;
   stash)

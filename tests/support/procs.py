@@ -145,7 +145,7 @@ def worker_argv(role: str, *, connector: str, port: int, cpu_bind: str, model: s
     launcher_args, vllm_args = extra[:cut], extra[cut + 1:]
     if os.environ.get("HYBRID_PD_TEST_DEVICE") == "gpu":
         argv += ["--device", "gpu", "--gpu-memory-utilization", os.environ.get("HYBRID_PD_TEST_GPU_UTIL", "0.2"),
-                 "--max-model-len", "8192", "--max-num-batched-tokens", "8192", "--warmup-lengths", "none"]
+                 "--max-model-len", "4096", "--max-num-batched-tokens", "4096", "--warmup-lengths", "none"]
         vllm_args = ["--enforce-eager", *json.loads(os.environ.get("HYBRID_PD_TEST_VLLM_ARGS", "[]")), *vllm_args]
     else:
         argv += ["--cpu-bind", cpu_bind, "--kv-cache-gib", "1", "--max-model-len", "2048",
