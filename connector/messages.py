@@ -41,12 +41,19 @@ class Handshake(msgspec.Struct, frozen=True):
     block_sizes: list[int]
     regions: list[Region]
     mem_type: str = "DRAM"
+    tp_size: int = 1
 
     def check_compatible(self, local: Handshake) -> None:
         """Raise IncompatiblePeer unless this (remote) handshake can feed `local` block for block."""
         problems = []
         if self.version != local.version:
             problems.append(f"protocol version {self.version} != ours {local.version} (upgrade both sides)")
+        if self.tp_size != local.tp_size:
+            problems.append(
+                f"tensor-parallel size {self.tp_size} != ours {local.tp_size}: P and D with different TP sizes are "
+                "not supported yet (each rank reads its own rank's heads); start both with the same "
+                "--tensor-parallel-size"
+            )
         if self.group_kinds != local.group_kinds:
             problems.append(f"KV-cache groups {self.group_kinds} != ours {local.group_kinds}")
         if self.block_sizes != local.block_sizes:

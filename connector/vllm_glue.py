@@ -212,11 +212,14 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         from hybrid_pd.connector.transport import NixlTransport
 
         try:
-            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+            from vllm.distributed.parallel_state import (
+                get_tensor_model_parallel_rank,
+                get_tensor_model_parallel_world_size,
+            )
 
-            tp_rank = get_tensor_model_parallel_rank()
+            tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
         except Exception:  # noqa: BLE001  no TP group (single process)
-            tp_rank = 0
+            tp_rank, tp_size = 0, 1
         group_of = {name: i for i, g in enumerate(self._kv_cache_config.kv_cache_groups) for name in g.layer_names}
         regions, ranges, mem_type = [], {}, "DRAM"
         by_group: dict[int, list[Any]] = {}
@@ -257,6 +260,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             [g.block_size for g in self.groups],
             regions,
             mem_type,
+            tp_size,
         )
 
         def clear_blocks(runs) -> None:

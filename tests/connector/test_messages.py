@@ -40,10 +40,18 @@ def test_handshake_round_trips_and_accepts_a_twin():
     (dict(group_kinds=["attention", "mamba"]), "KV-cache groups"),
     (dict(regions=[Region("l0", 0, 0, 1, 999, 8), Region("l1", 1, 0, 1, 131072, 8)]), "layer l0"),
     (dict(regions=[Region("x", 0, 0, 1, 68608, 8)]), "layers differ"),
+    (dict(tp_size=2), "tensor-parallel size 2 != ours 1: P and D with different TP sizes are not supported"),
 ])
 def test_incompatible_handshake_says_what_differs(over, words):
     with pytest.raises(IncompatiblePeer, match=words):
         handshake(**over).check_compatible(handshake())
+
+
+def test_a_handshake_without_tp_size_reads_as_tp_1():
+    """Workers from before the field existed send none: they ran TP=1 (the field is the last, defaulted)."""
+    fields = msgspec.structs.asdict(handshake())
+    del fields["tp_size"]
+    assert decode_handshake(msgspec.msgpack.encode(fields)).tp_size == 1
 
 
 def test_handshake_of_another_version_is_refused_before_decoding():
