@@ -5,9 +5,10 @@ prompt from scratch, again for a prompt that starts from a cached state (a prefi
 bucket. On a fresh machine the first such requests took 1.0-1.9 s instead of 70-200 ms (H100, Qwen3-Next
 shapes, deploy/gpu/results/2026-11-23-h100-qwen3next), and every pod start is a fresh machine unless the
 kernel cache is kept on a volume. The launcher therefore sends, once vLLM's /health answers, a few untimed
-requests through vLLM's own API (a prompt of each warm-up length from scratch, then the same prompt extended,
-which starts from its aligned checkpoint), and only then writes its ready file, which the Kubernetes
-readiness probe checks. Prompts are token ids drawn from a per-start seed, so no client prompt shares them.
+requests through vLLM's own API (per warm-up length, a prompt of that length and one 13 tokens longer, each from
+scratch and then extended, which starts from its aligned checkpoint), and only then writes its ready file, which
+the Kubernetes readiness probe checks. Prompts are token ids drawn from a per-start seed, so no client prompt
+shares them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ MAX_TOKENS = 4  # decode steps per warm-up request (the decode graphs were captu
 @dataclass(frozen=True)
 class WarmupRequest:
     label: str
-    tokens: int
     seconds: float
     error: str | None = None
 
@@ -108,7 +108,7 @@ def _complete(url: str, model: str, label: str, tokens: list[int], timeout: floa
         error = f"HTTP {e.code}: {e.read(300).decode(errors='replace')}"
     except (urllib.error.URLError, OSError) as e:
         error = str(e)
-    return WarmupRequest(label, len(tokens), time.monotonic() - start, error)
+    return WarmupRequest(label, time.monotonic() - start, error)
 
 
 def describe(done: list[WarmupRequest]) -> str:
