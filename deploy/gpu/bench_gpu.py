@@ -1,8 +1,11 @@
-"""One set-up of the GPU benchmark on one GPU, in one call: start its engines, probe, run the workloads.
+"""One set-up of the GPU benchmark in one call: start its engines, probe, run the workloads.
 
-    python3 deploy/gpu/bench_gpu.py --setup colocated|upstream|hybrid-pd-1p1d --model DIR --out DIR
+    python3 deploy/gpu/bench_gpu.py --setup colocated|upstream|hybrid-pd-1p1d --model DIR --out DIR \
+        [--prefill-gpu 0 --decode-gpu 1]
 
-Set-ups (tests/bench/setups.py, here with GPU engines that share one GPU, each with the same memory share):
+Set-ups (tests/bench/setups.py, here with GPU engines, each with the same memory share of its GPU; by default
+all on GPU 0, with --prefill-gpu/--decode-gpu P and D on GPUs of their own and the colocated engine alone on
+the decoder's):
 - colocated: one engine, no connector.
 - upstream: vLLM's NixlConnector on a prefiller and a decoder, driven by the flow of vLLM's toy proxy (P with
   max_tokens=1 and do_remote_decode, then D with P's kv_transfer_params), as vLLM's NixlConnector usage guide
@@ -19,7 +22,10 @@ Engines that share a GPU start one after the other (each profiles its memory alo
 2. phase probe: a 3-turn conversation twice (cold, then warm: other tokens, similar lengths), each request alone,
    with every engine's and the proxy's /metrics read before and after it;
 3. workloads (tests/bench/workloads.py) at each prompt length and concurrency, until --deadline-s;
-4. after the engines stop: a device-to-device copy of each transfer's byte count on the same GPU.
+4. --decode-alone N: N new prompts at once straight to the serving engine, the token gaps while all N decode
+   and none prefills: the decoder's ITL with no prefill load, next to the workloads' ITL at that concurrency;
+5. after the engines stop: a device-to-device copy of each transfer's byte count on the decoder's GPU and, when
+   P has a GPU of its own, from P's GPU to D's.
 Writes OUT/part-SETUP.json (every request, the probe's metric deltas, start times) and OUT/SETUP-logs.tar.gz.
 deploy/gpu/merge.py turns the parts into results.json and summary.md.
 """
@@ -48,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 from tests.bench.workloads import Request, Tokens, agentic, insert_middle, oracle_hits, shared_system  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_client import T0, log, metric_deltas, scrape  # noqa: E402
+from bench_client import T0, log, metric_deltas, scrape, stream_logprobs  # noqa: E402
 from bench_setups import Engines, Setup  # noqa: E402
 
 LOGPROBS = 2  # top-2 log-probabilities per generated token: greedy equality up to near-ties (merge.py)
@@ -111,6 +117,7 @@ def run_requests(setup: Setup, requests: list[Request], conc: int, max_tokens: i
                            reported_cached=seen.get("reported_cached", seen["hit_tokens"]),
                            ttft_s=arr[0] if arr else None, e2e_s=seen["e2e_s"], p_s=seen["p_s"],
                            itl_s=statistics.median(gaps) if gaps else None, sent_s=sent - T0,
+                           gaps_ms=[round(g * 1e3, 3) for g in gaps],
                            completion_tokens=(seen["usage"] or {}).get("completion_tokens", 0), text=seen["text"],
                            tokens=seen.get("tokens"), margins=seen.get("margins"))
                 if c0 is not None and c1:
@@ -154,18 +161,59 @@ def probe(setup: Setup, tokens: Tokens, length: int, max_tokens: int, block: int
     return out
 
 
+def decode_alone(setup: Setup, tokens: Tokens, length: int, conc: int, max_tokens: int) -> dict:
+    """`conc` new prompts of `length` tokens sent together straight to the engine that decodes (D, or the
+    colocated engine). Once the last stream has its first token no prefill runs there: the token gaps from then
+    until the first stream ends are that engine's ITL at this batch and context with no prefill load."""
+    import random
+
+    url = (setup.d or setup.front).url
+    rng = random.Random(7000 + conc + length)
+    prompts = [tokens.sized(rng, length) for _ in range(conc)]
+    got: list[tuple[float, list[float]] | None] = [None] * conc
+    gate = threading.Barrier(conc)
+
+    def one(i: int) -> None:
+        body = {"model": "m", "prompt": list(prompts[i]), "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True}
+        gate.wait()
+        sent = time.monotonic()
+        got[i] = (sent, stream_logprobs(url, body)["arrivals"])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(conc)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    streams = [[sent + a for a in arr] for sent, arr in (g for g in got if g) if arr]
+    if len(streams) < conc:
+        return {"concurrency": conc, "length": length, "error": f"{conc - len(streams)} streams failed"}
+    return {"concurrency": conc, "length": length, "max_tokens": max_tokens} | all_decoding(streams)
+
+
+def all_decoding(streams: list[list[float]]) -> dict:
+    """The token gaps (ms percentiles) that fall between the last stream's first token and the first stream's
+    last: the window in which every stream decodes and none waits for its prefill."""
+    since, until = max(s[0] for s in streams), min(s[-1] for s in streams)
+    gaps = sorted(b - a for s in streams for a, b in zip(s, s[1:]) if a >= since and b <= until)
+    pick = lambda q: gaps[min(len(gaps) - 1, int(q * len(gaps)))] * 1e3 if gaps else None  # noqa: E731
+    return {"gaps": len(gaps), "window_s": until - since, "itl_p50_ms": pick(0.5), "itl_p99_ms": pick(0.99)}
+
+
 # ---- device copy --------------------------------------------------------------------------------------------
 
-def device_copy(byte_counts: list[tuple[int, int]]) -> list[dict]:
-    """Median time of a device-to-device copy of each (bytes, descriptors): one contiguous copy, and the same
-    bytes in `descriptors` equal pieces through one batched copy (torch._foreach_copy_)."""
+def device_copy(byte_counts: list[tuple[int, int]], gpu: int = 0, peer: int | None = None) -> list[dict]:
+    """Median time of a device-to-device copy of each (bytes, descriptors) on GPU `gpu`: one contiguous copy,
+    and the same bytes in `descriptors` equal pieces through one batched copy (torch._foreach_copy_); with
+    `peer`, also one copy from GPU `peer` to GPU `gpu` (what a READ by D from P's GPU moves)."""
     import torch
 
+    torch.cuda.set_device(gpu)  # the timing events below are recorded on the current device's stream
     out = []
     for nbytes, ndesc in sorted(set(byte_counts)):
         if nbytes <= 0:
             continue
-        src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+        src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=f"cuda:{gpu}")
         dst = torch.empty_like(src)
         pieces = max(1, ndesc)
         cut = nbytes // pieces
@@ -189,10 +237,39 @@ def device_copy(byte_counts: list[tuple[int, int]]) -> list[dict]:
         one = timed(lambda d=dst, s=src: d.copy_(s))
         many = timed(lambda d=dsts, s=srcs: torch._foreach_copy_(d, s))
         assert torch.equal(dst, src)
-        out.append({"bytes": nbytes, "descriptors": ndesc, "contiguous_s": one, "pieces_s": many,
-                    "contiguous_gb_s": nbytes / one / 1e9, "pieces_gb_s": nbytes / many / 1e9})
+        row = {"bytes": nbytes, "descriptors": ndesc, "contiguous_s": one, "pieces_s": many,
+               "contiguous_gb_s": nbytes / one / 1e9, "pieces_gb_s": nbytes / many / 1e9}
+        if peer is not None and peer != gpu:
+            far = src.to(f"cuda:{peer}")
+            torch.cuda.synchronize(peer)
+            across = timed_wall(lambda d=dst, s=far: d.copy_(s), (gpu, peer))
+            assert torch.equal(dst, src)
+            row |= {"peer_s": across, "peer_gb_s": nbytes / across / 1e9}
+            del far
+        out.append(row)
         del src, dst, srcs, dsts
     return out
+
+
+def timed_wall(fn, gpus: tuple[int, ...], reps: int = 20) -> float:
+    """Median wall time of `fn` until every GPU in `gpus` is idle (a copy between GPUs spans two devices'
+    streams, so one device's events do not bound it)."""
+    import torch
+
+    def sync():
+        for g in gpus:
+            torch.cuda.synchronize(g)
+
+    for _ in range(3):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 # ---- main ---------------------------------------------------------------------------------------------------
@@ -244,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logprobs", type=int, default=2, help="top-k logprobs per token (0: none; runs of "
                     "2026-11-23 had none)")
     ap.add_argument("--v2", action="store_true", help="VLLM_USE_V2_MODEL_RUNNER=1")
+    ap.add_argument("--prefill-gpu", type=int, default=0)
+    ap.add_argument("--decode-gpu", type=int, default=0, help="also the colocated engine's GPU")
+    ap.add_argument("--decode-alone", default="", help="concurrencies of the no-prefill-load ITL measurement "
+                    "(at the first of --lengths, 4x --max-tokens each)")
     ap.add_argument("--deadline-s", type=float, default=540, help="start no workload after this")
     args = ap.parse_args(argv)
     global LOGPROBS
@@ -278,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
             block = result["block"] = functools.reduce(math.gcd, hits, 0)
             log(f"aligned block from the probe's hits: {block}")
         save()
+        for conc in map(int, args.decode_alone.split(",") if args.decode_alone else []):
+            length = int(args.lengths.split(",")[0])
+            alone = decode_alone(setup, tokens, length, conc, 4 * args.max_tokens)
+            result.setdefault("decode_alone", []).append(alone)
+            log(f"decode alone c={conc} L={length}: {alone}")
+            save()
         for length in map(int, args.warmup_lengths.split(",") if args.warmup_lengths else []):
             warm = agentic(tokens, max(64, int(length / 3.45)), sessions=2, turns=3, seed=900 + length % 97)
             run_requests(setup, warm, 2, 8, {"workload": "warmup"})  # untimed: compiles this length's shapes
@@ -316,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                   if r.get("bytes")]
         counts += [(int(p["deltas"].get("decode", {}).get(k, 0)), 1) for p in result["probe"]
                    for k in ("vllm:hybrid_pd_bytes_transferred_sum", "vllm:nixl_bytes_transferred_sum")]
-        result["device_copy"] = device_copy([c for c in counts if c[0] > 0])
+        result["device_copy"] = device_copy([c for c in counts if c[0] > 0], args.decode_gpu,
+                                            None if args.setup == "colocated" else args.prefill_gpu)
     except Exception:
         result["errors"].append(traceback.format_exc())
     save()

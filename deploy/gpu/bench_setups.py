@@ -1,10 +1,10 @@
-"""The set-ups the one-GPU benchmark compares (bench_gpu.py): engines started one after the other on the GPU,
-and how each set-up's clients send a completion (colocated engine, upstream's toy flow, our proxy)."""
+"""The set-ups the GPU benchmark compares (bench_gpu.py): engines started one after the other when they share a
+GPU (each profiles its memory alone), at once when P and D have a GPU each, and how each set-up's clients send
+a completion (colocated engine, upstream's toy flow, our proxy)."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -19,7 +19,7 @@ def vllm_extra(args) -> list[str]:
     if args.graphs == "none":
         extra += ["--enforce-eager"]
     elif args.graphs == "decode":  # full CUDA graphs for decode steps, no torch.compile (start-up in seconds)
-        sizes = [s for s in (1, 2, 4, 8, 16) if s <= args.max_num_seqs]
+        sizes = [s for s in (1, 2, 4, 8, 16, 24, 32, 48, 64) if s <= args.max_num_seqs]
         extra += ["--compilation-config", json.dumps({"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
                                                       "cudagraph_capture_sizes": sizes})]
     # "full": vLLM's default (torch.compile + piecewise and full graphs)
@@ -33,11 +33,13 @@ class Engines:
         self.args, self.logs = args, logs
         self.procs: list[Launched] = []
         self.start_s: dict[str, float] = {}
-        self.env = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")}
+        self.started: dict[str, float] = {}
+        self.env: dict[str, str] = {}
         if args.v2:
             self.env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
 
-    def worker(self, name: str, role: str, connector: str) -> Launched:
+    def worker(self, name: str, role: str, connector: str, gpu: int) -> Launched:
+        """Start a launcher on GPU `gpu` (not waiting: `ready` does)."""
         a = self.args
         port = free_port()
         argv = [HYBRID_PD, role, "--device", "gpu", "--connector", connector, "--model", a.model,
@@ -48,11 +50,19 @@ class Engines:
                 "--warmup-lengths", a.launcher_warmup, "--ready-file", str(self.logs / f"{name}.ready")]
         argv += (["--checkpoint-every", str(a.checkpoint_every)] if a.checkpoint_every else [])
         argv += ["--"] + vllm_extra(a)
-        proc = Launched(name, argv, f"http://127.0.0.1:{port}", self.logs, env=self.env)
+        proc = Launched(name, argv, f"http://127.0.0.1:{port}", self.logs,
+                        env=dict(self.env, CUDA_VISIBLE_DEVICES=str(gpu)))
         self.procs.append(proc)
-        log(f"starting {name}: {' '.join(argv[1:])}")
-        self.start_s[name] = round(proc.wait_healthy(580), 1)
-        warm = proc.wait_file(self.logs / f"{name}.ready", 300)  # the launcher's warm-up (compiles kernels)
+        self.started[name] = time.monotonic()
+        log(f"starting {name} on GPU {gpu}: {' '.join(argv[1:])}")
+        return proc
+
+    def ready(self, proc: Launched) -> Launched:
+        """Wait for /health, then for the launcher's warm-up (it compiles kernels) to write its ready file."""
+        name = proc.name
+        proc.wait_healthy(580)
+        self.start_s[name] = round(time.monotonic() - self.started[name], 1)
+        warm = proc.wait_file(self.logs / f"{name}.ready", 300)
         self.start_s[f"{name} warm-up"] = round(warm, 1)
         said = [line for line in proc.log_path.read_text().splitlines() if "[hybrid-pd] warm-up:" in line]
         log(f"{name} healthy after {self.start_s[name]} s, ready {warm:.1f} s later; {said[-1] if said else ''}")
@@ -88,14 +98,19 @@ class Setup:
     def __init__(self, name: str, engines: Engines, upstream_flow: str):
         self.name = name
         e = engines
-        if name == "colocated":
-            self.front = e.worker("engine", "decode", "none")
+        if name == "colocated":  # alone on the decoder's GPU
+            self.front = e.ready(e.worker("engine", "decode", "none", e.args.decode_gpu))
             self.p = self.d = None
             self.flow = "engine"
         else:
             connector = "upstream" if name == "upstream" else "hybrid"
-            self.p = e.worker("prefill", "prefill", connector)
-            self.d = e.worker("decode", "decode", connector)
+            gp, gd = e.args.prefill_gpu, e.args.decode_gpu
+            self.p = e.worker("prefill", "prefill", connector, gp)
+            if gp == gd:  # sharing a GPU: the second engine profiles its memory after the first took its share
+                e.ready(self.p)
+            self.d = e.ready(e.worker("decode", "decode", connector, gd))
+            if gp != gd:  # a GPU each: both started at once
+                e.ready(self.p)
             self.flow = "toy" if name == "upstream" and upstream_flow == "toy" else "proxy"
             self.front = e.proxy([self.p], self.d) if self.flow == "proxy" else None
         self.metric_urls = {k: v.url for k, v in (("front", self.front), ("prefill", self.p), ("decode", self.d))

@@ -39,11 +39,19 @@ def summarize(run: dict) -> dict:
     secs = t.get("transfer_seconds", 0.0)
     return {"n": len(rows), "ttft_p50_ms": ms(pct([r["ttft_s"] for r in rows], 0.5)),
             "ttft_p90_ms": ms(pct([r["ttft_s"] for r in rows], 0.9)),
-            "itl_p50_ms": ms(pct([r["itl_s"] for r in rows], 0.5)), "tok_s": run["throughput_tok_s"],
+            "itl_p50_ms": itl(rows, 0.5), "itl_p99_ms": itl(rows, 0.99), "tok_s": run["throughput_tok_s"],
             "hits": sum(r["hit_tokens"] for r in rows), "oracle": sum(r["oracle_hit"] for r in rows),
             "bytes": t.get("bytes", 0.0), "descriptors": t.get("descriptors", 0.0),
             "transfers": t.get("transfers", 0.0), "xfer_s": secs,
             "gb_s": t.get("bytes", 0.0) / secs / 1e9 if secs else None, "errors": len(run["errors"])}
+
+
+def itl(rows: list[dict], q: float):
+    """A percentile of every token gap of these requests pooled (parts from before 2026-11-24 carry only each
+    request's median gap: then the percentile of those)."""
+    if all("gaps_ms" in r for r in rows):
+        return pct([g for r in rows for g in r["gaps_ms"]], q)
+    return ms(pct([r["itl_s"] for r in rows], q))
 
 
 def ms(v):
@@ -149,7 +157,10 @@ def merge(folder: Path, headline: int) -> dict:
     copy = {c["bytes"]: c for c in base.get(ours, {}).get("device_copy", [])}
     xfer = [(r["bytes"], r["transfer_seconds"]) for run in base.get(ours, {}).get("runs", []) for r in run["rows"]
             if r.get("bytes") and r.get("transfer_seconds") and r["prompt_tokens"] >= headline]
-    xfer_ratio = [(b / s) / copy[int(b)]["contiguous_gb_s"] / 1e9 for b, s in xfer if int(b) in copy]
+    # next to a copy from P's GPU to D's when P had a GPU of its own, else within the GPU
+    speed = {b: c.get("peer_gb_s") or c["contiguous_gb_s"] for b, c in copy.items()}
+    xfer_ratio = [(b / s) / speed[int(b)] / 1e9 for b, s in xfer if int(b) in speed]
+    alone = {a["concurrency"]: a for a in base.get(ours, {}).get("decode_alone", []) if a.get("itl_p50_ms")}
     ratios = {
         "ttft_p50_vs_upstream": ratio(get(ours, "agentic", headline, 1, "ttft_p50_ms"),
                                       get("upstream", "agentic", headline, 1, "ttft_p50_ms")),
@@ -158,6 +169,10 @@ def merge(folder: Path, headline: int) -> dict:
         "ttft_p50_vs_colocated": ratio(get(ours, "agentic", headline, 1, "ttft_p50_ms"),
                                        get("colocated", "agentic", headline, 1, "ttft_p50_ms")),
         "dlocal_ttft_vs_colocated": statistics.median(dlocal) if dlocal else None,
+        "itl_p50_vs_colocated": ratio(get(ours, "agentic", headline, top, "itl_p50_ms"),
+                                      get("colocated", "agentic", headline, top, "itl_p50_ms")),
+        "itl_p50_vs_decode_alone": ratio(get(ours, "agentic", headline, top, "itl_p50_ms"),
+                                         (alone.get(top) or {}).get("itl_p50_ms")),
         "transfer_vs_device_copy": statistics.median(xfer_ratio) if xfer_ratio else None,
         "equal_to_colocated": equal.get(ours),
         "equal_to_upstream_c1": equal.get(ours + " vs upstream, c=1"),
@@ -171,6 +186,7 @@ def merge(folder: Path, headline: int) -> dict:
             "phases": {n: [phase_row(p, "toy" if n.startswith("upstream") else "engine") for p in part["probe"]]
                        for n, part in parts.items()},
             "device_copy": {n: p.get("device_copy", []) for n, p in parts.items()},
+            "decode_alone": {n: p.get("decode_alone", []) for n, p in parts.items() if p.get("decode_alone")},
             "start_s": {n: p.get("start_s") for n, p in parts.items()},
             "block": {n: p.get("block") for n, p in parts.items()},
             "versions": next((p.get("versions") for p in parts.values() if p.get("versions")), {}),
@@ -183,14 +199,15 @@ def summary_md(res: dict, title: str) -> str:
     lines = [f"## {title}: generated tables", "",
              "Ratios (hybrid-pd / peer, same run; basis in results.json `ratio_basis`):", ""]
     lines += [f"- `{k}`: {fmt(v, '.3g')}" for k, v in r.items()]
-    lines += ["", "| workload | length | c | set-up | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | out tok/s "
+    lines += ["", "| workload | length | c | set-up | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p99 ms | out tok/s "
               "| hits / oracle "
               "| bytes | descriptors | transfers | xfer ms | GB/s | equal to colocated | errors |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---" * 17 + "|"]
     for t in res["tables"]:
         lines.append(f"| {t['workload']} | {t['length']} | {t['concurrency']} | {t['setup']} | "
                      f"{fmt(t['ttft_p50_ms'])} | "
-                     f"{fmt(t['ttft_p90_ms'])} | {fmt(t['itl_p50_ms'], '.2f')} | {fmt(t['tok_s'], '.0f')} | "
+                     f"{fmt(t['ttft_p90_ms'])} | {fmt(t['itl_p50_ms'], '.2f')} | {fmt(t.get('itl_p99_ms'), '.2f')} | "
+                     f"{fmt(t['tok_s'], '.0f')} | "
                      f"{t['hits']} / {t['oracle']} | {t['bytes']:.0f} | {t['descriptors']:.0f} | "
                      f"{t['transfers']:.0f} | "
                      f"{fmt(t['xfer_s'] * 1e3 if t['xfer_s'] else None)} | {fmt(t['gb_s'], '.1f')} | {t['equal']} | "
@@ -212,12 +229,23 @@ def summary_md(res: dict, title: str) -> str:
                          f"{p['bytes']:.0f} | "
                          f"{fmt(p['d_queue_ms'])} | {fmt(p['d_wait_ms'])} | {fmt(p['d_prefill_ms'])} | "
                          f"{fmt(p['d_ttft_ms'])} |")
-    lines += ["", "### Device-to-device copy of the same byte counts (same call, after the engines stopped)", "",
-              "| set-up | bytes | descriptors | contiguous GB/s | in pieces GB/s |", "|---|---|---|---|---|"]
+    if res.get("decode_alone"):
+        lines += ["", "### The decoder with no prefill load (N new prompts at once straight to it; token gaps while "
+                  "all N decode)", "", "| set-up | N | prompt | gaps | window s | ITL p50 ms | ITL p99 ms |",
+                  "|---" * 7 + "|"]
+        for name, rows in res["decode_alone"].items():
+            for a in rows:
+                lines.append(f"| {name} | {a['concurrency']} | {a['length']} | {a.get('gaps', '-')} | "
+                             f"{fmt(a.get('window_s'), '.2f')} | {fmt(a.get('itl_p50_ms'), '.2f')} | "
+                             f"{fmt(a.get('itl_p99_ms'), '.2f')} |")
+    lines += ["", "### Device-to-device copy of the same byte counts (same call, after the engines stopped; GPU to "
+              "GPU: from P's GPU to D's)", "",
+              "| set-up | bytes | descriptors | contiguous GB/s | in pieces GB/s | GPU to GPU GB/s |",
+              "|---" * 6 + "|"]
     for name, rows in res["device_copy"].items():
         for c in rows[:12]:
             lines.append(f"| {name} | {c['bytes']} | {c['descriptors']} | {c['contiguous_gb_s']:.0f} | "
-                         f"{c['pieces_gb_s']:.0f} |")
+                         f"{c['pieces_gb_s']:.0f} | {fmt(c.get('peer_gb_s'), '.0f')} |")
     lines += ["", f"Engine start (s): {json.dumps(res['start_s'])}  ", f"Aligned block: {json.dumps(res['block'])}  ",
               f"Versions: {json.dumps(res['versions'])}"]
     if res["errors"]:

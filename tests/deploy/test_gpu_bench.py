@@ -93,6 +93,45 @@ def test_merge_ratios(tmp_path):
     assert "generated tables" in merge.summary_md(merge.merge(tmp_path, 8192), "t")
 
 
+def test_merge_two_gpus(tmp_path):
+    """P on a GPU of its own: the transfer is compared with a copy between the GPUs, ITL percentiles pool every
+    token gap, and the decoder's no-prefill-load ITL is the basis of `itl_p50_vs_decode_alone`."""
+    merge = load("merge")
+    gaps = lambda ms: {"gaps_ms": ms}  # noqa: E731
+    col = part("colocated", [row("a", 0, 0.10, "x")], [row("a", 0, 0.3, "z", conc=8) | gaps([20.0, 30.0, 40.0])],
+               (100, 800))
+    ours = part("hybrid-pd-1p1d", [row("a", 0, 0.15, "x", bytes=4e7, descriptors=45, transfer_seconds=0.1)],
+                [row("a", 0, 0.9, "w", conc=8) | gaps([10.0, 11.0, 90.0]),
+                 row("b", 0, 0.9, "v", conc=8) | gaps([12.0])],
+                (95, 600),
+                copy=[{"bytes": 40000000, "descriptors": 45, "contiguous_gb_s": 1000.0, "pieces_gb_s": 500.0,
+                       "contiguous_s": 4e-5, "pieces_s": 8e-5, "peer_gb_s": 400.0, "peer_s": 1e-4}])
+    ours["decode_alone"] = [{"concurrency": 8, "length": 8192, "gaps": 100, "window_s": 1.0, "itl_p50_ms": 10.0,
+                             "itl_p99_ms": 15.0}]
+    for p in (col, ours):
+        (tmp_path / f"part-{p['setup']}.json").write_text(json.dumps(p))
+    res = merge.merge(tmp_path, 8192)
+    r = res["ratios"]
+    assert r["transfer_vs_device_copy"] == pytest.approx((4e7 / 0.1) / 400e9)
+    assert r["itl_p50_vs_colocated"] == pytest.approx(12.0 / 30.0)  # pooled gaps 10, 11, 12, 90: p50 is 12
+    assert r["itl_p50_vs_decode_alone"] == pytest.approx(12.0 / 10.0)
+    table = {t["setup"]: t for t in res["tables"] if t["concurrency"] == 8}
+    assert table["hybrid-pd-1p1d"]["itl_p99_ms"] == 90.0
+    text = merge.summary_md(res, "t")
+    assert "no prefill load" in text and "| 400 |" in text
+
+
+def test_decode_alone_window(bench):
+    """Gaps count only while every stream decodes: after the last first token, before the first stream ends."""
+    early = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]  # decodes alone at first (gaps of 100 ms)
+    late = [0.35, 0.37, 0.39, 0.41, 0.43, 0.45, 0.47, 0.6]
+    got = bench.all_decoding([early, late])
+    assert got["window_s"] == pytest.approx(0.5 - 0.35)
+    assert got["gaps"] == 6 + 1  # late's 0.35..0.47 (6 gaps) and early's 0.4 -> 0.5
+    assert got["itl_p50_ms"] == pytest.approx(20.0)
+    assert got["itl_p99_ms"] == pytest.approx(100.0)
+
+
 def test_real_shapes_state_bytes():
     shapes = load("real_shapes")
     q = shapes.state_bytes_per_token(shapes.qwen3next_config())
