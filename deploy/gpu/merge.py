@@ -16,6 +16,7 @@ fraction of hybrid-pd's requests whose greedy text equals the colocated engine's
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 from pathlib import Path
@@ -118,8 +119,8 @@ def derived(p: dict, p_stage, xfer, eng: dict) -> dict:
 
 def merge(folder: Path, headline: int) -> dict:
     parts = {}
-    for path in sorted(folder.glob("part-*.json")):
-        part = json.loads(path.read_text())
+    for path in sorted(folder.glob("part-*.json*")):  # committed parts are gzipped (part-*.json.gz)
+        part = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
         parts[part["setup"] + part.get("tag", "")] = part
     base = {n: p for n, p in parts.items() if not p.get("tag")}
     ref = {key(r): r["text"] for run in base.get("colocated", {}).get("runs", []) for r in run["rows"]}
