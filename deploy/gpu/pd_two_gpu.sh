@@ -4,7 +4,21 @@
 # report (TTFT, ITL, bytes moved, prefix-hit tokens). With one GPU, pass 0 0 to put everything on it.
 #   bash deploy/gpu/pd_two_gpu.sh REPORT_DIR [PREFILL_GPU] [DECODE_GPU] [MODEL] [CONNECTOR]
 # Needs hybrid-pd and vLLM importable (a venv, or PYTHONPATH from install_wheelhouse.sh).
+#
+# At real model shapes (deploy/gpu/real_shapes.py, after `bench_gpu.sh install` and `bench_gpu.sh model KIND`), the
+# three set-ups of the GPU benchmark with P on GPU 0 and D on GPU 1 (results/2026-11-24-h200x2-*, 2-4 min each;
+# split them over device calls of under 10 minutes with SETUPS):
+#   SETUPS="colocated upstream hybrid-pd-1p1d" bash deploy/gpu/pd_two_gpu.sh real KIND OUT [bench_gpu.py flags]
 set -euo pipefail
+if [ "${1:-}" = real ]; then
+  kind=${2:?qwen3next|nemotronh}; out=${3:?out folder}; shift 3
+  for setup in ${SETUPS:-colocated upstream hybrid-pd-1p1d}; do
+    bash "$(dirname "$0")/bench_gpu.sh" run "$setup" "$kind" "$out" --prefill-gpu 0 --decode-gpu 1 --util 0.8 \
+      --lengths 8192,32768 --concurrency 1,8,32 --workloads agentic --max-num-seqs 32 --max-model-len 65536 \
+      --launcher-warmup 8192,32768 --decode-alone 32 --deadline-s 420 "$@"
+  done
+  exit 0
+fi
 OUT=${1:?report folder}; GP=${2:-0}; GD=${3:-1}; MODEL=${4:-tiny}; CONNECTOR=${5:-hybrid}
 mkdir -p "$OUT"
 # Two engines (plus the reference) share a GPU when GP == GD: leave each a slice of its memory.
