@@ -116,6 +116,8 @@ class ProxyConfig:
             out.append("--kv-hash-block-size must be >= 0 (0 learns it from the KV events)")
         if not 0.0 < self.disagg.decoder_hit_ratio <= 1.0:
             out.append(f"--decoder-hit-ratio {self.disagg.decoder_hit_ratio} must be in (0, 1]")
+        if self.disagg.remote_overhead_tokens < 0:
+            out.append(f"--remote-overhead-tokens {self.disagg.remote_overhead_tokens} must be >= 0")
         if self.disagg.min_uncached_blocks < 0:
             out.append(f"--min-uncached-blocks {self.disagg.min_uncached_blocks} must be >= 0")
         if self.disagg.min_prompt_tokens < 0 or self.disagg.min_prompt_chars < 0:
@@ -192,6 +194,8 @@ class ProxyConfig:
                 min_prompt_chars=int(get("min_prompt_chars", 0)),
                 decoder_hit_ratio=float(get("decoder_hit_ratio", 0.8)),
                 min_uncached_blocks=float(get("min_uncached_blocks", 1.0)),
+                load_aware=bool(get("disagg_load_aware", True)),
+                remote_overhead_tokens=int(get("remote_overhead_tokens", 1024)),
             ),
             timeouts=Timeouts(
                 **{k: float(get(f"{k.removesuffix('_s')}_timeout", v)) for k, v in vars(Timeouts()).items()}

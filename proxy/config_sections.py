@@ -74,6 +74,8 @@ class DisaggConfig:
     min_prompt_chars: int = 0  # shorter prompts (characters of text) are prefilled on D
     decoder_hit_ratio: float = 0.8  # D already holds >= this share of the prompt (KV index): prefill on D
     min_uncached_blocks: float = 1.0  # D lacks fewer aligned blocks than this: prefill on D (0: off)
+    load_aware: bool = True  # the two rules above only when D's prefill costs its streams less than P (disagg.py)
+    remote_overhead_tokens: int = 1024  # the remote path's fixed cost (hop, READ, D's wait) in prefill tokens
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from .errors import ConfigError
 
 ENV_PREFIX = "HYBRID_PD_PROXY_"
 LIST_OPTIONS = ("prefill", "decode", "prefill_events", "decode_events")
-BOOL_OPTIONS = ("disagg", "forward_token_ids")
+BOOL_OPTIONS = ("disagg", "forward_token_ids", "disagg_load_aware")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--decoder-hit-ratio",
         type=float,
         help="prefill on the decoder when it already holds this share of the prompt (0.8)",
+    )
+    d.add_argument(
+        "--disagg-load-aware",
+        action=argparse.BooleanOptionalAction,
+        help="apply the two rules above only while prefilling on the decoder delays its running streams less "
+        "than a remote prefill would cost (default on; see --remote-overhead-tokens)",
+    )
+    d.add_argument(
+        "--remote-overhead-tokens",
+        type=int,
+        help="a remote prefill's fixed cost (hop to P, READ, the decoder's wait) in tokens of prefill compute "
+        "(1024: ~30 ms of an H200 at Qwen3-Next shapes)",
     )
     t = p.add_argument_group("timeouts (seconds)")
     for name in ("connect", "prefill", "decode-first-byte", "total", "tokenize", "health"):

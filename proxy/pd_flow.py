@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .disagg import REMOTE, decide
+from .disagg import REMOTE, REMOTE_DECODER_BUSY, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .http_request import Request
 from .kv_index import aligned_block
@@ -103,9 +103,11 @@ class PDFlow:
             prompt_tokens=len(context.token_ids) if context.token_ids else None,
             decoder_hit=self._decoder_hit(context, decoder),
             aligned_block=aligned_block(self.state.kv_index.specs),
+            decoder_busy=decoder.in_flight,
+            prefill_hit=self._best_prefill_hit(context),
         )
         self.record.decision(decision)
-        if decision == REMOTE:
+        if decision in (REMOTE, REMOTE_DECODER_BUSY):
             await self._prefill(turn)
             if turn.transfer_params is not None:
                 turn.decoder_hit = context.hits.get(decoder.url)
@@ -155,6 +157,13 @@ class PDFlow:
         if not context.token_ids or decoder.url not in self.state.kv_index.workers:
             return None
         return hit_tokens(self.state.deps, context, decoder)
+
+    def _best_prefill_hit(self, context: RequestContext) -> int | None:
+        """The largest usable hit of the prompt on an admitted prefiller, None where the index knows none."""
+        known = [w for w in self.pool.admitted("prefill") if w.url in self.state.kv_index.workers]
+        if not context.token_ids or not known:
+            return None
+        return max(hit_tokens(self.state.deps, context, w) for w in known)
 
     async def _prefill(self, turn: Turn) -> None:
         """Sets the turn's transfer_params and prefill_hit, or falls back to decode-only on every P failure but

@@ -32,6 +32,18 @@ ARGS = dict(eligible=True, has_prefillers=True, prompt_chars=1000, prompt_tokens
     (DisaggConfig(min_uncached_blocks=0), {"prompt_tokens": 10, "aligned_block": 256}, "remote"),
     (DisaggConfig(), {"prompt_tokens": 10, "aligned_block": 0}, "remote"),  # no events yet: no block known
     (DisaggConfig(), {"prompt_tokens": None, "aligned_block": 256}, "remote"),
+    # D holds 300 of 400: 100 uncached, x (1 + streams on D), against 1024 + P's uncached
+    (DisaggConfig(decoder_hit_ratio=0.75), {"decoder_hit": 300, "decoder_busy": 13},
+     "local_decoder_hit"),  # 1400 <= 1424
+    (DisaggConfig(decoder_hit_ratio=0.75), {"decoder_hit": 300, "decoder_busy": 14}, "remote_decoder_busy"),
+    (DisaggConfig(decoder_hit_ratio=0.75), {"decoder_hit": 300, "decoder_busy": 10, "prefill_hit": 300},
+     "local_decoder_hit"),  # 1100 <= 1124
+    (DisaggConfig(decoder_hit_ratio=0.75), {"decoder_hit": 300, "decoder_busy": 11, "prefill_hit": 300},
+     "remote_decoder_busy"),  # 1200 > 1124
+    (DisaggConfig(decoder_hit_ratio=0.75, load_aware=False), {"decoder_hit": 300, "decoder_busy": 99},
+     "local_decoder_hit"),
+    (DisaggConfig(remote_overhead_tokens=0), {"prompt_tokens": 255, "aligned_block": 256, "decoder_busy": 1,
+                                              "prefill_hit": 128}, "remote_decoder_busy"),  # 510 > 127
 ])
 def test_decide(cfg, changes, expected):
     assert decide(cfg, **{**ARGS, **changes}) == expected

@@ -94,6 +94,37 @@ def test_decoder_holding_most_of_the_prompt_prefills_itself():
     run(body())
 
 
+def test_a_busy_decoder_sends_the_turn_it_holds_to_the_prefiller():
+    """The cost model (disagg.local_is_cheaper, no fixed remote cost here): D holds 8 of 16 tokens, P none. D
+    prefills the 8 itself while it decodes at most one other stream (8 x 2 <= 16), and with two streams in flight
+    the turn goes to P (8 x 3 > 16): D's streams would each wait for that prefill."""
+    async def body():
+        async with kv_cluster(decoder_hit_ratio=0.5, remote_overhead_tokens=0) as (proxy, p, d1, d2, pubs):
+            seq = await pubs[2].send(KVEventBatch(0.0, [stored(HASHES, 0, "full_attention"),
+                                                        stored([HASHES[1]], 1, "mamba")]))
+            await pubs[2].delivered(proxy.state.kv_index, d2.url, seq)
+            d2.hang_stream_after_first = True
+            async with aiohttp.ClientSession() as s:
+                streams = []
+                for _ in range(2):  # two streams held open on D after their first piece
+                    r = await s.post(proxy.url + "/v1/completions", json={"prompt": PROMPT, "stream": True})
+                    assert r.status == 200 and (await r.content.readline()).startswith(b"data:")
+                    streams.append(r)
+                m = proxy.state.metrics.render().decode()
+                assert metric_value(m, "hybrid_pd_proxy_disagg_decisions_total", decision="local_decoder_hit") == 2
+                assert p.generate_calls == []
+                status, _ = await post(proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+                assert status == 200 and len(p.generate_calls) == 1
+                assert "kv_transfer_params" in d2.generate_calls[-1].body
+                m = proxy.state.metrics.render().decode()
+                assert metric_value(m, "hybrid_pd_proxy_disagg_decisions_total", decision="remote_decoder_busy") == 1
+                d2.release.set()
+                for r in streams:
+                    await r.read()
+                    r.release()
+    run(body())
+
+
 def test_short_prompts_prefill_on_the_decoder():
     async def body():
         async with kv_cluster(min_prompt_tokens=17) as (proxy, p, d1, d2, pubs):
