@@ -14,7 +14,7 @@ import sys
 from hybrid_pd.prefill.aligned_block import AlignedBlockWatch
 from hybrid_pd.prefill.errors import ConfigError, WorkerError
 from hybrid_pd.prefill.supervisor import ChildProcess, run_until_signalled
-from hybrid_pd.prefill.warmup import ReadyFile, describe, parse_lengths, plan, warm_up
+from hybrid_pd.prefill.warmup import CONCURRENT, ReadyFile, describe, parse_lengths, plan, warm_up
 from hybrid_pd.prefill.worker_config import WorkerConfig
 
 ROLE_DEFAULTS = {
@@ -184,7 +184,7 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
 
         def warm() -> None:
             sizes = plan(lengths, config.max_model_len, watch.block)
-            print(f"[hybrid-pd] warming up: {len(sizes) * 4} requests", flush=True)
+            print(f"[hybrid-pd] warming up: {len(sizes) * 4} requests, then {CONCURRENT} at once", flush=True)
             try:
                 done = warm_up(config.url, config.served_model_name or config.model, config.model, sizes)
             except Exception as e:  # a warm-up is an optimisation: never leave vLLM behind for it

@@ -6,9 +6,11 @@ bucket. On a fresh machine the first such requests took 1.0-1.9 s instead of 70-
 shapes, deploy/gpu/results/2026-11-23-h100-qwen3next), and every pod start is a fresh machine unless the
 kernel cache is kept on a volume. The launcher therefore sends, once vLLM's /health answers, a few untimed
 requests through vLLM's own API (per warm-up length, a prompt of that length and one 13 tokens longer, each from
-scratch and then extended, which starts from its aligned checkpoint), and only then writes its ready file, which
-the Kubernetes readiness probe checks. Prompts are token ids drawn from a per-start seed, so no client prompt
-shares them.
+scratch and then extended, which starts from its aligned checkpoint; then 8 requests at once, half of them
+extending those prompts, half new), and only then writes its ready file, which the Kubernetes readiness probe
+checks. The batch is there because batches of several prompts compile kernels of their own: on two H200s
+(deploy/gpu/results/2026-11-24-h200x2-qwen3next) every set-up, warmed one request at a time, stalled 0.7-1.6 s on
+its first busy moment. Prompts are token ids drawn from a per-start seed, so no client prompt shares them.
 """
 
 from __future__ import annotations
@@ -19,12 +21,23 @@ import random
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 EXTEND_TOKENS = 64  # tokens added to a warm-up prompt for its prefix-hit twin
 ODD = 13  # a second length per asked one, not a multiple of 16
 MAX_TOKENS = 4  # decode steps per warm-up request (the decode graphs were captured at start-up)
+CONCURRENT = 8  # the last step: this many requests at once at the first length, the even ones extending a prompt
+
+
+def batch_sizes(first: int, bases: list[int]) -> list[tuple[int | None, int]]:
+    """The concurrent step's requests as (index into the earlier from-scratch prompts or None, total length):
+    even ones extend an earlier prompt by EXTEND_TOKENS + i tokens (a prefix hit), odd ones are new, first + i."""
+    return [
+        ((i // 2) % len(bases), bases[(i // 2) % len(bases)] + EXTEND_TOKENS + i) if i % 2 == 0 else (None, first + i)
+        for i in range(CONCURRENT)
+    ]
 
 
 @dataclass(frozen=True)
@@ -76,19 +89,34 @@ def warm_up(
     seed: int | None = None,
     timeout: float = 600.0,
 ) -> list[WarmupRequest]:
-    """Send each warm-up request in turn; return what each took (an error is recorded, not raised: a worker
-    that cannot serve fails its clients' requests and its health check, which say more than we could)."""
+    """Send each warm-up request in turn, then the concurrent batch; return what each took (an error is recorded,
+    not raised: a worker that cannot serve fails its clients' requests and its health check, which say more than
+    we could)."""
     rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
     low, high = token_range(model)
+    draw = lambda k: [rng.randint(low, high) for _ in range(k)]  # noqa: E731
     done: list[WarmupRequest] = []
+    scratch: list[list[int]] = []
     for n in lengths:
         # Triton specialises integer arguments by divisibility by 16: one length of each kind, each from
         # scratch and again after its prefix (the prefill that starts from a cached state).
         for size in (n, n + ODD):
-            prompt = [rng.randint(low, high) for _ in range(size)]
-            twin = prompt + [rng.randint(low, high) for _ in range(EXTEND_TOKENS + (size - n))]
+            prompt = draw(size)
+            twin = prompt + draw(EXTEND_TOKENS + (size - n))
+            scratch.append(prompt)
             for label, tokens in ((f"{size} tokens", prompt), (f"{len(twin)} after {size}", twin)):
                 done.append(_complete(url, served_name, label, tokens, timeout))
+    if lengths:
+        batch = [
+            scratch[base] + draw(size - len(scratch[base])) if base is not None else draw(size)
+            for base, size in batch_sizes(lengths[0], [len(p) for p in scratch])
+        ]
+        start = time.monotonic()
+        with ThreadPoolExecutor(len(batch)) as pool:
+            answers = list(pool.map(lambda t: _complete(url, served_name, "", t, timeout), batch))
+        errors = [a.error for a in answers if a.error]
+        label = f"{len(batch)} at once ({sum(map(len, batch)):,} tokens)"
+        done.append(WarmupRequest(label, time.monotonic() - start, errors[0] if errors else None))
     return done
 
 
