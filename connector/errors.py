@@ -8,6 +8,8 @@
     ├── PlanError               P's and D's block lists cannot describe the transfer
     └── TransportError          NIXL / ZMQ failed (mapped in transport.py and side_channel.py only)
         ├── HandshakeError      the peer's side channel did not answer
+        │   ├── PeerGone        nothing listens there: the peer is down (no use asking again)
+        │   └── HandshakeTimeout    it listens but did not answer in time (starved? asked again)
         └── TransferTimeout     a READ passed its deadline
 
 The worker never lets one of these escape into vLLM for a single request: it logs it and reports the
@@ -46,6 +48,14 @@ class TransportError(ConnectorError):
 
 
 class HandshakeError(TransportError):
+    pass
+
+
+class PeerGone(HandshakeError):
+    pass
+
+
+class HandshakeTimeout(HandshakeError):
     pass
 
 

@@ -12,7 +12,7 @@ import threading
 
 import zmq
 
-from hybrid_pd.connector.errors import HandshakeError
+from hybrid_pd.connector.errors import HandshakeError, HandshakeTimeout, PeerGone
 
 log = logging.getLogger("vllm." + __name__)  # under vLLM's configured logger
 GET = b"hybrid-pd/handshake"
@@ -79,7 +79,7 @@ def fetch_handshake(host: str, port: int, timeout_s: float = 5.0) -> bytes:
         sock.send(GET)
         data = sock.recv()
     except zmq.ZMQError as e:
-        raise HandshakeError(f"no handshake from {host}:{port} within {timeout_s:g} s: {e}") from e
+        raise HandshakeTimeout(f"no handshake from {host}:{port} within {timeout_s:g} s: {e}") from e
     finally:
         sock.close(0)
     if not data:
@@ -92,6 +92,6 @@ def _refuse_fast(host: str, port: int, timeout_s: float) -> None:
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except ConnectionRefusedError as e:
-        raise HandshakeError(f"no handshake from {host}:{port}: nothing listens there ({e})") from e
+        raise PeerGone(f"no handshake from {host}:{port}: nothing listens there ({e})") from e
     except OSError:
         pass

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from hybrid_pd.connector.errors import ConnectorError, TransportError
+from hybrid_pd.connector.errors import ConnectorError, HandshakeTimeout, TransportError
 from hybrid_pd.connector.messages import (
     Done,
     Handshake,
@@ -114,8 +114,20 @@ class WorkerSide:
         return peer
 
     def _handshake(self, remote: RemotePrefill) -> tuple[Handshake, str]:
+        """Fetch and check the peer's handshake, asking again while it is silent (a prefiller whose threads are
+        starved on a shared core answers late, not never) until the READ deadline: the loads waiting for it
+        fail at that deadline anyway. A peer that is down (nothing listens) fails at once."""
         port = remote.remote_port + self.local.tp_rank
-        theirs = decode_handshake(self._fetch(remote.remote_host, port, self.handshake_timeout_s))
+        give_up = self._clock() + self.read_timeout_s
+        while True:
+            try:
+                raw = self._fetch(remote.remote_host, port, self.handshake_timeout_s)
+                break
+            except HandshakeTimeout as e:
+                if self._clock() + self.handshake_timeout_s > give_up:
+                    raise
+                log.warning("%s; asking again (until the READ deadline, %g s)", e, self.read_timeout_s)
+        theirs = decode_handshake(raw)
         if theirs.engine_id != remote.remote_engine_id:
             raise ConnectorError(
                 f"{remote.remote_host}:{port} is engine {theirs.engine_id}, the request "

@@ -12,6 +12,7 @@ import os
 import sys
 
 from hybrid_pd.prefill.aligned_block import AlignedBlockWatch
+from hybrid_pd.prefill.core_neighbours import sharing
 from hybrid_pd.prefill.errors import ConfigError, WorkerError
 from hybrid_pd.prefill.supervisor import ChildProcess, run_until_signalled
 from hybrid_pd.prefill.warmup import CONCURRENT, ReadyFile, describe, parse_lengths, plan, warm_up
@@ -168,6 +169,14 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
         for w in config.warnings:
             print(f"[hybrid-pd] warning: {w}", file=sys.stderr)
         if config.cpu_cores is not None:
+            for other in sharing(config.cpu_cores, {r: d["cpu_bind"] for r, d in ROLE_DEFAULTS.items()}):
+                print(
+                    f"[hybrid-pd] warning: --cpu-bind {config.cpu_bind} shares cores with {other}: two engines on "
+                    "one core starve each other's threads (slower steps and KV transfers); give each worker cores "
+                    "of its own",
+                    file=sys.stderr,
+                    flush=True,
+                )
             # Every process the launcher starts inherits its cores from the first instruction: vLLM's own
             # binding comes late (its worker), and until then `import torch` ran wherever the scheduler put it,
             # once for minutes behind a busy decoder's spinning core.

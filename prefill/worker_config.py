@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+from hybrid_pd.prefill.core_neighbours import parse_cores
 from hybrid_pd.prefill.errors import ConfigError
 from hybrid_pd.proxy.block_hash import LAUNCHER_HASH_SEED  # shared with the proxy, which tries it too
 
@@ -196,13 +197,7 @@ class WorkerConfig:
     def cpu_cores(self) -> set[int] | None:
         """The cores of --cpu-bind (vLLM's VLLM_CPU_OMP_THREADS_BIND syntax: "0", "0-3,6", one list per TP rank
         joined by "|"), or None: no binding ("auto", "nobind", a GPU worker). ValueError if it does not parse."""
-        if self.device != "cpu" or self.cpu_bind in (None, "", "auto", "nobind"):
-            return None
-        cores: set[int] = set()
-        for part in self.cpu_bind.replace("|", ",").split(","):
-            low, _, high = part.strip().partition("-")
-            cores.update(range(int(low), int(high or low) + 1))
-        return cores
+        return parse_cores(self.cpu_bind) if self.device == "cpu" else None
 
     def _check_cpu_bind(self) -> list[str]:
         try:

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from hybrid_pd.connector.errors import HandshakeError
+from hybrid_pd.connector.errors import HandshakeError, HandshakeTimeout, PeerGone
 from hybrid_pd.connector.messages import (
     PROTOCOL_VERSION,
     Done,
@@ -238,6 +238,45 @@ def test_dead_side_channel_fails_the_request_not_the_engine():
     clock, src, dst, p, pt, d, dt = pair(fetch=fetch)
     d.start(StepMeta(loads=[load_job()]))
     assert drive(d).failed_recving == {"r1"}
+
+
+def test_a_silent_side_channel_is_asked_again_until_the_read_deadline():
+    """A starved prefiller answers late, not never: D asks again (each try its handshake timeout) and the load
+    succeeds; one that stays silent fails at the READ deadline; one that is down fails at the first try."""
+    tries = []
+
+    def fetch(host, port, timeout):
+        tries.append(timeout)
+        clock.now += timeout  # each silent try costs its whole timeout
+        if len(tries) < 3:
+            raise HandshakeTimeout("no handshake within 5 s")
+        return encode(p.local)
+
+    clock, src, dst, p, pt, d, dt = pair(fetch=fetch, read_timeout_s=30, handshake_timeout_s=5)
+    d.start(StepMeta(loads=[load_job()]))
+    res = drive(d)
+    assert res.finished_recving == {"r1"} and not res.failed_recving and len(tries) == 3
+    a = NBLOCKS * PAGE
+    assert (dst[a + 2 * PAGE:a + 4 * PAGE] == src[a + 5 * PAGE:a + 7 * PAGE]).all()
+
+    def silent(host, port, timeout):
+        tries.append(timeout)
+        clock.now += timeout
+        raise HandshakeTimeout("no handshake within 5 s")
+
+    tries.clear()
+    clock, src, dst, p, pt, d, dt = pair(fetch=silent, read_timeout_s=30, handshake_timeout_s=5)
+    d.start(StepMeta(loads=[load_job()]))
+    assert drive(d).failed_recving == {"r1"} and len(tries) == 6  # tries at 0, 5, ..., 25: the last ends at 30
+
+    def down(host, port, timeout):
+        tries.append(timeout)
+        raise PeerGone("nothing listens there")
+
+    tries.clear()
+    clock, src, dst, p, pt, d, dt = pair(fetch=down, read_timeout_s=30, handshake_timeout_s=5)
+    d.start(StepMeta(loads=[load_job()]))
+    assert drive(d).failed_recving == {"r1"} and len(tries) == 1
 
 
 def test_lease_expiry_and_early_notifications_free_the_prefiller_blocks():
