@@ -74,7 +74,8 @@ class ProxyConfig:
     @property
     def tokenize(self) -> bool:
         """Prompts are tokenized (POST /tokenize on a worker) only when a policy or threshold needs the ids."""
-        return self.routing.uses("kv_hit") or (self.disagg.enabled and self.disagg.min_prompt_tokens > 0)
+        by_hit = self.routing.uses("kv_hit") or self.routing.uses("queue_cost")
+        return by_hit or (self.disagg.enabled and self.disagg.min_prompt_tokens > 0)
 
     def problems(self) -> list[str]:
         from .routing import PICKERS, SCORERS  # the registered plugins (late: they load with the routing package)

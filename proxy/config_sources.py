@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--decode-policy",
         help="weighted scorers for decoders, e.g. 'session_affinity=4,kv_hit=2,"
-        "least_loaded' (scorers: least_loaded, session_affinity, kv_hit; 'none': the picker alone). "
+        "least_loaded' (scorers: least_loaded, session_affinity, kv_hit, queue_cost; 'none': the picker alone). "
         "Default: kv_hit=2,least_loaded with KV events (--*-events or k8s), else least_loaded",
     )
     r.add_argument("--prefill-policy", help="weighted scorers for prefillers (same syntax)")

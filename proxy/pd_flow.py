@@ -33,6 +33,7 @@ from .openai_api import OpenAIRequest
 from .relay import relay_json, relay_sse
 from .routing import RequestContext
 from .routing.kv_hit import hit_tokens
+from .routing.queue_cost import uncached_tokens
 from .state import ProxyState
 from .timers import time_left
 from .upstream import LeaveBehind
@@ -202,7 +203,7 @@ class PDFlow:
         assert self.loop is not None
         prefill_s = self.config.timeouts.prefill_s
         began = time.perf_counter()
-        with self.pool.busy(prefiller) as busy:
+        with self.pool.busy(prefiller, uncached_tokens(self.state.deps, turn.context, prefiller)) as busy:
             leave = LeaveBehind(self.loop.time() + prefill_s, busy.release)
             try:
                 return await self.upstream.post_json(

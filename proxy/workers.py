@@ -28,6 +28,7 @@ class Worker:
     terminating: bool = False  # takes no new requests
     healthy: bool = True
     in_flight: int = 0
+    queued_tokens: int = 0  # uncached prompt tokens of the requests in flight (what it still has to prefill)
     failures: int = 0  # consecutive failed health checks
     successes: int = 0  # consecutive good health checks while ejected
 
@@ -89,9 +90,10 @@ class WorkerPool:
         w.healthy, w.failures = True, 0
 
     @staticmethod
-    def busy(w: Worker) -> Busy:
-        """`with pool.busy(w) as busy:` counts a request in flight on w (a class: this runs twice per request)."""
-        return Busy(w)
+    def busy(w: Worker, tokens: int = 0) -> Busy:
+        """`with pool.busy(w) as busy:` counts a request in flight on w, and `tokens` it has to compute (a
+        class: this runs twice per request)."""
+        return Busy(w, tokens)
 
     def _emit(self, what: str, w: Worker) -> None:
         for listener in self._listeners:
@@ -102,14 +104,15 @@ class Busy:
     """One request counted in flight on a worker for the `with` block; `keep()` inside the block keeps it counted
     past the block, until `release()` (a prefill answer left behind still occupies P)."""
 
-    __slots__ = ("worker", "_held", "_kept")
+    __slots__ = ("worker", "tokens", "_held", "_kept")
 
-    def __init__(self, worker: Worker):
-        self.worker = worker
+    def __init__(self, worker: Worker, tokens: int = 0):
+        self.worker, self.tokens = worker, tokens
         self._held = self._kept = False
 
     def __enter__(self) -> Busy:
         self.worker.in_flight += 1
+        self.worker.queued_tokens += self.tokens
         self._held = True
         return self
 
@@ -124,3 +127,4 @@ class Busy:
         if self._held:
             self._held = False
             self.worker.in_flight -= 1
+            self.worker.queued_tokens -= self.tokens
