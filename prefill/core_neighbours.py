@@ -1,10 +1,10 @@
 """Other hybrid-pd workers on this machine bound to the same cores (`--cpu-bind`).
 
-Two CPU engines on one core starve each other's threads: each spins its OpenMP workers between steps, and a
-prefiller that shares the decoder's core answered its side channel and READs late enough that loads failed in
-earlier releases (issue 18; tests/e2e/test_contention.py now shows every load succeeding, but TTFT still pays
-for the shared core). Laptops, the cpu-dev overlay and 2P1D on two cores all do it, so the launcher says so at
-start instead of accepting the layout silently. Found by their command lines in /proc, not by asking them.
+Two CPU engines on one core starve each other's threads. A prefiller alone with the decoder on one core now
+feeds it (tests/e2e/test_contention.py), but in 2P1D on two cores every KV load from the prefiller that shares
+the decoder's busiest core still failed its handshake (tests/bench/results/burst.md). Laptops, the cpu-dev
+overlay and 2P1D on two cores all do it, so the launcher says so at start instead of accepting the layout
+silently. Found by their command lines in /proc, not by asking them.
 """
 
 from __future__ import annotations
