@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +29,11 @@ def test_a_running_launcher_on_an_overlapping_core_is_named():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "hybrid-pd", "decode",
                              "--cpu-bind", "1-2"])
     try:
+        cmdline = Path(f"/proc/{proc.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while b"hybrid-pd" not in cmdline.read_bytes():  # until the interpreter (a shim may exec it) is running
+            assert time.monotonic() < deadline, cmdline.read_bytes()
+            time.sleep(0.05)
         assert f"the decode worker pid {proc.pid} (--cpu-bind 1-2)" in sharing({2}, {})
         assert not [s for s in sharing({0}, {}) if f"pid {proc.pid} " in s]
     finally:
