@@ -12,7 +12,10 @@ function here changes what it builds.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 ConfigBuilder = Callable[[Any, int], Any]  # (TinyModelSpec, vocab size) -> transformers PretrainedConfig
@@ -192,7 +195,8 @@ def jamba(spec, vocab: int):
 
 @family("qwen3_5")
 def qwen3_5(spec, vocab: int):
-    """Qwen3.5 text model (GDN linear attention + gated full attention, dense MLP): vLLM's Qwen3_5ForCausalLM."""
+    """Qwen3.5 text model (GDN linear attention + gated full attention, dense MLP), trained as transformers'
+    Qwen3_5ForCausalLM and saved as released Qwen3.5 checkpoints are (`qwen3_5_release_layout`)."""
     from transformers import Qwen3_5TextConfig
 
     cfg = Qwen3_5TextConfig(
@@ -200,6 +204,29 @@ def qwen3_5(spec, vocab: int):
     )
     cfg.architectures = ["Qwen3_5ForCausalLM"]
     return cfg
+
+
+def qwen3_5_release_layout(folder: Path) -> None:
+    """Rewrite a saved text-only Qwen3.5 as the released checkpoints are laid out: one composite config
+    (`model_type` qwen3_5, `text_config` + `vision_config`, `Qwen3_5ForConditionalGeneration`) and the text
+    weights under `model.language_model.`. vLLM 0.26 serves Qwen3.5 only that way (it has no text-only class:
+    its multimodal processor wants the composite `Qwen3_5Config`); 0.32 serves it too. No vision weights: the
+    engines run with `--language-model-only` (FAMILY_VLLM_ARGS), which skips the vision tower."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3_5Config
+
+    text = json.loads((folder / "config.json").read_text())
+    vision = dict(depth=1, hidden_size=64, num_heads=2, intermediate_size=128, out_hidden_size=text["hidden_size"])
+    cfg = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=text["tie_word_embeddings"])
+    cfg.architectures, cfg.dtype = ["Qwen3_5ForConditionalGeneration"], text["dtype"]
+    cfg.save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    tensors = load_file(weights)
+    save_file(
+        {re.sub(r"^model\.", "model.language_model.", k): v for k, v in tensors.items()},
+        weights,
+        metadata={"format": "pt"},
+    )
 
 
 @family("lfm2")
@@ -248,3 +275,9 @@ def zamba2(spec, vocab: int):
     )
     cfg.architectures = ["Zamba2ForCausalLM"]
     return cfg
+
+
+# A family whose checkpoint vLLM reads in another layout than transformers saves: folder -> rewritten in place
+LAYOUTS: dict[str, Callable[[Path], None]] = {"qwen3_5": qwen3_5_release_layout}
+# vLLM flags a family's engines need
+FAMILY_VLLM_ARGS: dict[str, tuple[str, ...]] = {"qwen3_5": ("--language-model-only",)}

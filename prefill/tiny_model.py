@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 
 CACHE_ROOT = Path(os.environ.get("HYBRID_PD_CACHE", Path.home() / ".cache" / "hybrid-pd"))
-BUILD_VERSION = 3  # bump when the builder's output changes for the same spec
+BUILD_VERSION = 4  # bump when the builder's output changes for the same spec
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -145,7 +145,7 @@ def _build_weights(spec: TinyModelSpec, vocab: int, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hybrid_pd.prefill.tiny_families import FAMILIES
+    from hybrid_pd.prefill.tiny_families import FAMILIES, LAYOUTS
 
     cfg = FAMILIES[spec.family](spec, vocab)
     threads = torch.get_num_threads()
@@ -158,6 +158,8 @@ def _build_weights(spec: TinyModelSpec, vocab: int, out: Path) -> None:
     finally:
         torch.set_num_threads(threads)
     model.to("cpu", getattr(torch, spec.dtype)).save_pretrained(out)
+    if spec.family in LAYOUTS:
+        LAYOUTS[spec.family](out)
 
 
 def build_tiny_model(spec: TinyModelSpec = TinyModelSpec(), out: Path | None = None) -> Path:

@@ -13,6 +13,7 @@ import re
 
 import pytest
 
+from hybrid_pd.prefill.tiny_families import FAMILY_VLLM_ARGS
 from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
 from tests.support.conversation import (
     ANSWER_TOKENS,
@@ -39,7 +40,7 @@ def family(request, launch):
         "ref": ("decode", "none", "1", model, {}),
         "p": ("prefill", "hybrid", "0", model, {"HYBRID_PD_LEASE_S": "10"}),
         "d": ("decode", "hybrid", "1", model, {}),
-    })
+    }, FAMILY_VLLM_ARGS.get(request.param, ()))
     ref = engines.up("ref")["ref"]
     block = int(re.search(r"aligned block: (\d+) tokens", engines.logs["ref"].read_text()).group(1))
     n = max(300, block + block // 2)  # past one aligned block, not on a boundary: P keeps a checkpoint to ship

@@ -10,9 +10,10 @@ from tests.support.procs import free_port, metric_sum, scrape_metrics, worker_ar
 class Engines:
     """Named engines, at most two running; `up()` stops the others and starts what is missing."""
 
-    def __init__(self, launch, specs: dict[str, tuple[str, str, str, str, dict]]):
+    def __init__(self, launch, specs: dict[str, tuple[str, str, str, str, dict]], vllm_args: tuple[str, ...] = ()):
         self.launch, self.specs, self.running, self.logs = launch, specs, {}, {}  # name -> (role, connector,
         # core, model folder, environment)
+        self.vllm_args = vllm_args  # flags every engine passes to vLLM
 
     def up(self, *names):
         for name in [n for n in self.running if n not in names]:
@@ -22,7 +23,8 @@ class Engines:
             if name not in self.running:
                 role, connector, cpu, model, env = self.specs[name]
                 port = free_port()
-                argv = worker_argv(role, connector=connector, port=port, cpu_bind=cpu, model=model)
+                argv = worker_argv(role, connector=connector, port=port, cpu_bind=cpu, model=model,
+                                   extra=["--", *self.vllm_args] if self.vllm_args else [])
                 self.running[name] = self.launch(name, argv, f"http://127.0.0.1:{port}", env)
                 self.logs[name] = self.running[name].log_path
                 started.append(name)
