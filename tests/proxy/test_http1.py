@@ -1,4 +1,4 @@
-"""The lean HTTP/1.1 client (proxy/http1.py) against a raw TCP server that answers byte for byte as told:
+"""The lean HTTP/1.1 client (proxy/http/client.py) against a raw TCP server that answers byte for byte as told:
 chunked bodies split anywhere, chunk extensions and trailers, content-length, until-close, keep-alive reuse,
 a reused connection the server closed, a broken stream, a head that never comes."""
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from hybrid_pd.proxy.errors import BrokenAnswer, ConnectFailed
-from hybrid_pd.proxy.http1 import HTTPPool
+from hybrid_pd.proxy.http.client import HTTPPool
 from tests.proxy.fakes import run
 
 CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -2,14 +2,13 @@
 
     pool = HTTPPool(connect_timeout=5.0)
     resp = await pool.request("POST", "http://p:8100", "/v1/completions", body, headers, timeout=30.0)
-    data = await resp.read()            # or readany(), or stream_to(): see upstream_response.py
+    data = await resp.read()            # or readany(): see response.py
 
 Why not aiohttp's client: per request it builds a ClientRequest, a payload object, a connector key, timer
 contexts and a StreamReader that wakes a coroutine per SSE event; profiled under load that was a third of the
 proxy's CPU. Here one asyncio.Protocol per keep-alive connection parses the answer (content-length, chunked,
-or until close) straight into its Response (upstream_response.py), and the connection goes back to the pool as soon as
-the answer's
-last byte arrived (its body stays buffered in the Response).
+or until close) straight into its Response (response.py), and the connection goes back to the pool as soon as the
+answer's last byte arrived (its body stays buffered in the Response).
 
 Errors are the client's own (errors.py, mapped in upstream.py): ConnectFailed (cannot connect), Disconnected
 (closed before an answer), BrokenAnswer (closed or garbled mid-body), and TimeoutError (no answer head within
@@ -24,9 +23,9 @@ import time
 from collections import deque
 from urllib.parse import urlsplit
 
-from .errors import BrokenAnswer, ConnectFailed, Disconnected
-from .timers import expire
-from .upstream_response import Leave, Response
+from ..errors import BrokenAnswer, ConnectFailed, Disconnected
+from ..timers import expire
+from .response import Leave, Response
 
 MAX_HEAD = 64 * 1024
 _NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(4)
@@ -168,7 +167,7 @@ class _Connection(asyncio.Protocol):
         elif self._mode == _LENGTH:
             take = raw[: self._left]
             self._raw, self._left = raw[len(take) :], self._left - len(take)
-            resp._feed(take, last=self._left == 0)
+            resp._feed(take)
             if self._left == 0:
                 self._complete()
         else:
@@ -202,7 +201,7 @@ class _Connection(asyncio.Protocol):
                 if not line:  # the empty line after the last chunk (and its trailers)
                     self._raw = raw[pos:]
                     if out:
-                        resp._feed(b"".join(out), last=True)
+                        resp._feed(b"".join(out))
                     self._complete()
                     return
                 continue
@@ -226,6 +225,7 @@ class _Connection(asyncio.Protocol):
     def _complete(self) -> None:
         resp, self._resp, self._head = self._resp, None, None
         assert resp is not None, "an answer completes after its head"
+        self.resume()  # (its Response may have paused reading; the next answer on this connection reads on)
         if self._keep_alive and not self._raw:
             self.reused = True
             self.pool._release(self)
