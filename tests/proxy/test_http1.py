@@ -157,7 +157,8 @@ ANSWERS = [CHUNKED, b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello world"]
        edits=st.lists(st.tuples(st.integers(0, 200), st.binary(max_size=6)), max_size=3))
 def test_answers_split_anywhere_read_the_same_and_mangled_ones_fail_cleanly(which, cuts, edits):
     """Split at any points, an answer reads as itself; mangled, it reads as itself, or as what its framing
-    says, or fails with BrokenAnswer, Disconnected (closed before a head) or TimeoutError (a head that never ends), never another error or a hang."""
+    says, or fails with BrokenAnswer, Disconnected (closed before a head) or TimeoutError (a head that never
+    ends): never another error, never a hang."""
     async def body():
         data = which
         for pos, repl in edits:

@@ -1,6 +1,7 @@
-"""The proxy's HTTP/1.1 server (proxy/http/server.py: uvicorn and what we add to it) on real sockets: keep-alive, pipelining, request bodies
-(Content-Length, chunked, after 100-continue), HTTP/1.0, limits, malformed input, disconnects, idle timeout,
-shutdown. Raw bytes go in and come out, so that framing is checked, not a client's reading of it."""
+"""The proxy's HTTP/1.1 server (proxy/http/server.py: uvicorn and what we add to it) on real sockets:
+keep-alive, pipelining, request bodies (Content-Length, chunked, after 100-continue), HTTP/1.0, limits,
+malformed input, disconnects, idle timeout, shutdown. Raw bytes go in and come out, so that framing is checked,
+not a client's reading of it."""
 
 from __future__ import annotations
 
