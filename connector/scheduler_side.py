@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from hybrid_pd.connector.errors import ConnectorError
 from hybrid_pd.connector.messages import CheckpointRef, RemotePrefill, parse_remote_prefill
 from hybrid_pd.connector.plan import Checkpoint, GroupSpec, plan_transfer
-from hybrid_pd.connector.worker_side import LoadJob, StepMeta
+from hybrid_pd.connector.step import LoadJob, StepMeta
 
 log = logging.getLogger("vllm." + __name__)  # under vLLM's configured logger
 MARK_TRUNCATED = "_hybrid_pd_truncated"
@@ -72,18 +72,18 @@ class SchedulerSide:
         return self.store
 
     # ---- P ----------------------------------------------------------------------------------------------
-    def on_new_request(self, request: Any) -> None:
-        """P: compute N-1 prompt tokens; D recomputes the last one from the state after N-1."""
+    def on_new_request(self, request: Any) -> bool:
+        """P: compute N-1 prompt tokens; D recomputes the last one from the state after N-1. True when the
+        request's last prompt token must go now (vllm_request.drop_last_prompt_token: vLLM's private token
+        lists are the glue's to edit); once per request, whatever preemption does."""
         params = request.kv_transfer_params
         if not params or not params.get("do_remote_decode") or params.get(MARK_TRUNCATED):
-            return
+            return False
         if request.num_prompt_tokens < 2 or request.prompt_token_ids is None:
-            return
-        del request.prompt_token_ids[-1]
-        del request._all_token_ids[-1]
-        request.num_prompt_tokens -= 1
+            return False
         request.max_tokens = 1
         params[MARK_TRUNCATED] = True
+        return True
 
     def request_finished(
         self, request: Any, block_ids: Sequence[Sequence[int]], finished_ok: bool

@@ -1,8 +1,9 @@
 """`HybridPDConnector`: the vLLM subclass. It only translates between vLLM and the pure halves.
 
-Scheduler role -> `SchedulerSide` (+ `BlockPoolCheckpoints`, the prefix-cache access for Mamba
-checkpoints); worker role -> `WorkerSide` over a `NixlTransport` and a ZMQ side channel. Settings come from one
-`ConnectorConfig` (config.py), built here once. Every `vllm` import of the connector lives here and in `vllm_stats`.
+Scheduler role -> `SchedulerSide` (+ `BlockPoolCheckpoints` in vllm_checkpoints.py, the prefix-cache access for
+Mamba checkpoints; vllm_request.py edits a request's token lists); worker role -> `WorkerSide` over a
+`NixlTransport` and a ZMQ side channel. Settings come from one `ConnectorConfig` (config.py), built here once.
+Every `vllm` import and every vLLM private field the connector touches lives in these vllm_* modules.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
-from vllm.v1.core.kv_cache_utils import resolve_block_hashes
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
 from hybrid_pd.connector.config import ConnectorConfig
@@ -26,7 +26,10 @@ from hybrid_pd.connector.errors import ConfigurationError
 from hybrid_pd.connector.messages import PROTOCOL_VERSION, Handshake, Region, encode
 from hybrid_pd.connector.plan import GroupSpec
 from hybrid_pd.connector.scheduler_side import SchedulerSide
-from hybrid_pd.connector.worker_side import StepMeta, WorkerSide
+from hybrid_pd.connector.step import StepMeta
+from hybrid_pd.connector.vllm_checkpoints import BlockPoolCheckpoints
+from hybrid_pd.connector.vllm_request import drop_last_prompt_token
+from hybrid_pd.connector.worker_side import WorkerSide
 
 log = logging.getLogger("vllm.hybrid_pd.connector")
 
@@ -62,57 +65,6 @@ def group_specs(kv_cache_config) -> list[GroupSpec]:
                 f"KV-cache group {i} is {type(spec).__name__}: hybrid-pd moves full attention and Mamba groups only"
             )
     return out
-
-
-class BlockPoolCheckpoints:
-    """Mamba checkpoints in vLLM's block pool: pin P's, reserve/register/release D's."""
-
-    def __init__(self, block_pool, groups: list[GroupSpec]):
-        self.pool, self.groups = block_pool, groups
-        self._held: dict[int, Any] = {}
-
-    def pin(self, request, group: int, tokens: int) -> tuple[int, int] | None:
-        """The deepest checkpoint P holds for `request` at or below `tokens`: (block id, its boundary)."""
-        bs = self.groups[group].block_size
-        hashes = resolve_block_hashes(request.block_hashes, self.pool.hash_block_size, bs)
-        # vLLM's align mode (prefix_cache_retention_interval) does not always keep the state at the last
-        # boundary of a request that started from a prefix hit: fall back to the deepest one it kept.
-        for idx in range(min(tokens // bs, len(hashes)) - 1, -1, -1):
-            hit = self.pool.get_cached_block(hashes[idx], [group])
-            if hit:
-                self.pool.touch(hit)
-                self._held[hit[0].block_id] = hit[0]
-                if (idx + 1) * bs < tokens:
-                    log.info(
-                        "request %s: no Mamba checkpoint at %d tokens on P, shipping the one at %d",
-                        request.request_id,
-                        tokens,
-                        (idx + 1) * bs,
-                    )
-                return hit[0].block_id, (idx + 1) * bs
-        return None
-
-    def reserve(self, group: int) -> int | None:
-        if self.pool.get_num_free_blocks() < 64:  # never compete with running requests for the last blocks
-            return None
-        block = self.pool.get_new_blocks(1)[0]
-        self._held[block.block_id] = block
-        return block.block_id
-
-    def register(self, request, group: int, block_id: int, tokens: int) -> None:
-        block = self._held[block_id]
-        bs = self.groups[group].block_size
-        idx = tokens // bs - 1
-        blocks = [self.pool.null_block] * idx + [block]
-        self.pool.cache_full_blocks(request, blocks, idx, idx + 1, bs, group)
-        log.info(
-            "request %s: Mamba checkpoint at %d tokens registered in block %d", request.request_id, tokens, block_id
-        )
-
-    def release(self, block_ids) -> None:
-        blocks = [self._held.pop(b) for b in block_ids if b in self._held]
-        if blocks:
-            self.pool.free_blocks(blocks)
 
 
 def _scheduler(connector: HybridPDConnector) -> SchedulerSide:
@@ -175,7 +127,8 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         return tuple(range(len(self.groups)))
 
     def on_new_request(self, request) -> None:
-        _scheduler(self).on_new_request(request)
+        if _scheduler(self).on_new_request(request):
+            drop_last_prompt_token(request)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         return _scheduler(self).get_num_new_matched_tokens(request, num_computed_tokens)

@@ -25,28 +25,12 @@ from hybrid_pd.connector.messages import (
     decode_notification,
     encode,
 )
-from hybrid_pd.connector.plan import Run, TransferPlan
+from hybrid_pd.connector.plan import Run
 from hybrid_pd.connector.side_channel import fetch_handshake
+from hybrid_pd.connector.step import LoadJob, StepMeta
 from hybrid_pd.connector.transport import Transport, descriptors
 
 log = logging.getLogger("vllm." + __name__)  # under vLLM's configured logger
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadJob:
-    request_id: str
-    remote: RemotePrefill
-    plan: TransferPlan | None  # None: read nothing, only tell P to free (D rejected the request)
-    reason: str = ""
-    fail: bool = False  # report the request as a failed load (vLLM recomputes it)
-
-
-@dataclasses.dataclass
-class StepMeta:
-    """Scheduler -> worker, once per step."""
-
-    loads: list[LoadJob] = dataclasses.field(default_factory=list)
-    leases: dict[str, float] = dataclasses.field(default_factory=dict)  # P: request id -> lease seconds
 
 
 @dataclasses.dataclass

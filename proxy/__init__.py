@@ -4,13 +4,13 @@ server.py            main(argv): flags/env/file -> ProxyConfig, uvloop, SIGTERM/
 config.py            the frozen, validated ProxyConfig (config_sections.py: its parts, one per component);
                      config_sources.py: CLI < env < JSON file
 app.py               routes, the error boundary, serve_in_background(config)
-http_server.py       the HTTP/1.1 server: a protocol per client connection, llhttp (httptools) parsing
-http_request.py      one parsed request and the way a handler answers it (whole, or streamed)
+http/                HTTP both ways: server.py (uvicorn's httptools protocol, limits, OpenAI-shaped 4xx) and
+                     request.py (one request and the way a handler answers it, whole or streamed); client.py (the
+                     lean keep-alive HTTP/1.1 client under upstream.py) and response.py (one worker's answer)
 pd_flow.py           one request: tokenize -> decoder -> remote prefill or not -> decode, fallbacks
 openai_api.py        request parsing/type checks; the prefill and decode bodies
 relay.py / usage.py  copy D's JSON or SSE to the client; the whole-request cached_tokens rule
 upstream.py          calls to workers; aiohttp/asyncio errors -> errors.py at this one boundary
-http1.py             the lean keep-alive HTTP/1.1 client under upstream.py (aiohttp's stays for k8s)
 routing/             scorer and picker plugins by name, composed per role by config
 kv_events.py         vLLM KV events on the wire;  kv_subscriber.py: one ZMQ SUB per worker
 kv_index.py          per-worker block hashes per KV-cache group; the usable hybrid hit

@@ -23,8 +23,8 @@ import msgspec
 from .background import Background
 from .config import ProxyConfig
 from .errors import MethodNotAllowed, NoHealthyWorker, NotFound, ProxyError, UpstreamTimeout, error_bytes
-from .http_request import Request
-from .http_server import HTTPServer, Limits
+from .http.request import Request
+from .http.server import HTTPServer, Limits
 from .openai_api import Endpoint, check_content_type, parse_request
 from .pd_flow import PDFlow
 from .state import ProxyState
@@ -67,10 +67,10 @@ class ProxyApp:
             metrics.errors.labels(e.kind).inc()
             if e.status >= 500:
                 log.warning("%s %s -> %d: %s", request.method, request.path, e.status, e.message)
-            _answer_error(request, e)
+            await _answer_error(request, e)
         except TimeoutError:
             metrics.errors.labels("timeout").inc()
-            _answer_error(
+            await _answer_error(
                 request, UpstreamTimeout("the request did not finish within the total timeout (--total-timeout)")
             )
         except (asyncio.CancelledError, ConnectionResetError):
@@ -78,7 +78,7 @@ class ProxyApp:
         except Exception:  # the last line of defence: log it, fail this request, keep serving
             log.exception("internal error on %s %s", request.method, request.path)
             metrics.errors.labels("internal").inc()
-            _answer_error(request, ProxyError("internal proxy error"))
+            await _answer_error(request, ProxyError("internal proxy error"))
 
     def _generate(self, endpoint: Endpoint) -> Route:
         state, flow = self.state, self.flow
@@ -102,7 +102,7 @@ class ProxyApp:
         payload = await self.state.upstream.get_json(
             decoders[0].url, "/v1/models", stage="models", timeout=self.config.timeouts.decode_first_byte_s
         )
-        request.respond(200, _encoder.encode(payload))
+        await request.respond(200, _encoder.encode(payload))
 
     async def health(self, request: Request) -> None:
         state = self.state
@@ -116,21 +116,19 @@ class ProxyApp:
             "terminating": [w.url for w in state.pool.all() if w.terminating],
             "kv_hashes_verified": state.kv_index.hashes_verified,
         }
-        request.respond(200 if ok else 503, _encoder.encode(body))
+        await request.respond(200 if ok else 503, _encoder.encode(body))
 
     async def livez(self, request: Request) -> None:
-        request.respond(200, b'{"status":"alive"}')
+        await request.respond(200, b'{"status":"alive"}')
 
     async def metrics(self, request: Request) -> None:
-        request.respond(200, self.state.metrics.render(), content_type="text/plain; version=0.0.4")
+        await request.respond(200, self.state.metrics.render(), content_type="text/plain; version=0.0.4")
 
 
-def _answer_error(request: Request, e: ProxyError) -> None:
+async def _answer_error(request: Request, e: ProxyError) -> None:
     if request.started:  # mid-stream (the relay writes its own error event): the client cannot be told more
-        if request.transport is not None:
-            request.transport.close()
-        return
-    request.respond(e.status, error_bytes(e), headers=e.headers)
+        return  # (an answer left unfinished: the server closes the connection)
+    await request.respond(e.status, error_bytes(e), headers=e.headers)
 
 
 @dataclass(frozen=True)
@@ -152,7 +150,7 @@ class RunningProxy:
         log.info("draining: /health answers 503; serving new requests for %g s more", cfg.delay_s)
         await asyncio.sleep(cfg.delay_s)
         self.server.stop_accepting()
-        open_now = sum(c.task is not None for c in self.server.connections)
+        open_now = self.server.open_requests
         log.info("draining: not accepting; waiting up to %g s for %d open requests", cfg.timeout_s, open_now)
         finished = await self.server.wait_idle(cfg.timeout_s)
         if not finished:

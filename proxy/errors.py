@@ -16,7 +16,7 @@
 
 Prefill-stage UpstreamErrors other than 4xx never reach the client: the PD flow falls back to decode-only.
 
-The proxy's HTTP client (http1.py, upstream_response.py) raises its own small tree, which upstream.py maps to
+The proxy's HTTP client (http/client.py, http/response.py) raises its own small tree, which upstream.py maps to
 UpstreamUnavailable (asyncio's TimeoutError, to UpstreamTimeout):
 
     HTTPClientError                  no whole answer from the worker

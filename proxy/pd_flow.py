@@ -26,7 +26,7 @@ from typing import Any
 
 from .disagg import REMOTE, REMOTE_DECODER_BUSY, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
-from .http_request import Request
+from .http.request import Request
 from .kv_index import aligned_block
 from .metrics import FlowRecorder
 from .openai_api import OpenAIRequest

@@ -1,10 +1,9 @@
 """Copy the decoder's answer to the client: whole JSON, or Server-Sent Events as they come.
 
-Both fix `cached_tokens` (usage.py) and drop the decoder's `kv_transfer_params` (internal to PD). A stream
-is copied from D's connection callback straight to the client's transport, whatever arrived in one read as one
-chunk (not line by line, and without waking the request's task per read: each of those cost the proxy more
-CPU per request than everything else it does); only an SSE line that carries usage details or
-kv_transfer_params is decoded and re-encoded.
+Both fix `cached_tokens` (usage.py) and drop the decoder's `kv_transfer_params` (internal to PD). A stream is
+copied as it arrives, whatever came in one read as one chunk (not line by line); only an SSE line that carries
+usage details or kv_transfer_params is decoded and re-encoded. A client that lags holds the copy (the server's
+send waits), and D's connection stops being read once its unread bytes pass a limit (http/response.py).
 """
 
 from __future__ import annotations
@@ -17,13 +16,14 @@ from typing import Any
 import msgspec
 
 from .errors import HTTPClientError, ProxyError, ShuttingDown, UpstreamTimeout, UpstreamUnavailable
-from .http_request import Request
+from .http.request import Request
+from .http.response import Response
 from .upstream import unavailable
-from .upstream_response import Response
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+LAST_WORDS_S = 1.0  # how long an error event may wait for a lagging client before the connection is closed
 
 
 FixUsage = Callable[[dict[str, Any]], int | None]
@@ -48,7 +48,7 @@ async def relay_json(
     if isinstance(payload, dict):
         payload.pop("kv_transfer_params", None)
         fix(payload)
-    request.respond(resp.status, _encoder.encode(payload))
+    await request.respond(resp.status, _encoder.encode(payload))
     return payload
 
 
@@ -68,41 +68,39 @@ async def relay_sse(
     event (the status line is gone already), and so does one cancelled because the proxy stops; a client that
     goes away sets client_gone."""
     try:
-        first = await resp.readany(first_byte_timeout)
+        data = await resp.readany(first_byte_timeout)
     except TimeoutError:
         raise UpstreamTimeout(
             f"decode worker {worker} sent no first byte within {first_byte_timeout:g} s", worker=worker, stage="decode"
         ) from None
     result = SSEResult(resp.status)
-    pipe = _SSEPipe(request, resp, fix, result)
+    lines = _Lines(fix, result)
     try:
         request.begin_stream(resp.status, "text/event-stream", SSE_HEADERS)  # the head leaves with the first data
-        if first:
+        if data:
             on_first_byte()
-        if not resp.complete:
-            request.write(pipe.complete_lines(first))
-            await pipe.run(loop, deadline)
-            first = await resp.readany()  # the piece that came with the end of D's body (stream_to keeps it)
-        # The last lines (and the tail of a line, when the stream ended inside one) leave with the end of the
-        # answer, in one write; a lagging client gets until the deadline to take it.
-        last = pipe.complete_lines(first)
-        if pipe.partial:
-            last += _fix_lines(pipe.partial, fix, result)
-        _check_client(request)
-        request.end_stream(last)
-        if request.writing_paused:
-            async with asyncio.timeout_at(deadline):
-                await request.drain()
+        async with asyncio.timeout_at(deadline):
+            # The last lines (and the tail of a line, when the stream ended inside one) leave with the end of
+            # the answer: one write instead of two.
+            while not resp.complete:
+                await request.write(lines.complete(data))
+                data = await resp.readany()
+            last = lines.complete(data) + lines.rest()
+            await request.end_stream(last)
     except TimeoutError:
         result.broken = UpstreamTimeout(
             f"decode worker {worker} did not finish before the total timeout", worker=worker, stage="decode"
         )
-        write_stream_error(request, result.broken)
-    except ConnectionResetError:
-        result.client_gone = True  # leaving returns D's connection closed: vLLM aborts the request
+        await write_stream_error(request, result.broken)
     except asyncio.CancelledError:
-        # the proxy stops and its drain timeout passed (a client that left has no transport: nothing is written)
-        write_stream_error(
+        if request.client_gone:  # leaving returns D's connection closed: vLLM aborts the request
+            result.client_gone = True
+            task = asyncio.current_task()
+            assert task is not None
+            task.uncancel()
+            return result
+        # the proxy stops and its drain timeout passed
+        await write_stream_error(
             request,
             ShuttingDown(
                 "the proxy is shutting down and its drain timeout (--drain-timeout-s) passed; retry the request"
@@ -111,28 +109,19 @@ async def relay_sse(
         raise
     except HTTPClientError as e:
         result.broken = unavailable(e, worker, "decode", "broke the stream")
-        write_stream_error(request, result.broken)
-    finally:
-        resp.stop_streaming()
+        await write_stream_error(request, result.broken)
     return result
 
 
-class _SSEPipe:
-    """Copies D's body to the client's transport from D's connection callback (http1.Response.stream_to):
-    per arriving piece, the complete lines are written as one chunk, the tail of a line waits for its end (so a
-    line to rewrite is always seen whole). The relaying task sleeps in run() until the body ends, breaks, the
-    client leaves, or the client lags: then reading from D pauses until the client's buffer drained."""
+class _Lines:
+    """Cuts what arrives into complete lines (rewritten where needed); keeps the tail of a line for later, so
+    that a line to rewrite is always seen whole."""
 
-    def __init__(self, request: Request, resp: Response, fix: FixUsage, result: SSEResult):
-        self.request, self.resp, self.fix, self.result = request, resp, fix, result
+    def __init__(self, fix: FixUsage, result: SSEResult):
+        self.fix, self.result = fix, result
         self.partial = b""
-        self._ended = False
-        self._error: BaseException | None = None
-        self._lagging = False
-        self._wake: asyncio.Future | None = None
 
-    def complete_lines(self, data: bytes) -> bytes:
-        """The complete lines of what arrived (rewritten where needed); keeps the tail of a line for later."""
+    def complete(self, data: bytes) -> bytes:
         if self.partial:
             data, self.partial = self.partial + data, b""
         end = data.rfind(b"\n") + 1
@@ -142,65 +131,10 @@ class _SSEPipe:
             data = _fix_lines(data, self.fix, self.result)
         return data
 
-    async def run(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-        """Relay until D's body ends; raises what broke it: D's error, ConnectionResetError (the client left),
-        TimeoutError (the deadline, a loop time, passed)."""
-        timer = loop.call_at(deadline, self._stop, TimeoutError())
-        self.resp.stream_to(self._on_data, self._on_end)
-        try:
-            while True:
-                if self._ended:  # first: a deadline or a client gone after the last byte changes nothing
-                    return
-                if self._error is not None:
-                    raise self._error
-                drain = None
-                if self._lagging:  # wait for the client's buffer to drain, or for the deadline
-                    drain = loop.create_task(self.request.drain())
-                    drain.add_done_callback(lambda _: self._notify())
-                self._wake = loop.create_future()
-                try:
-                    await self._wake
-                finally:
-                    self._wake = None
-                    if drain is not None and not drain.done():
-                        drain.cancel()
-                if drain is not None and drain.done() and not drain.cancelled():
-                    drain.result()  # raises when the client's connection was lost meanwhile
-                    self._lagging = False
-                    self.resp.resume_reading()
-        finally:
-            timer.cancel()
-
-    def _on_data(self, data: bytes) -> None:
-        data = self.complete_lines(data)
-        if not data:
-            return
-        request = self.request
-        transport = request.conn.transport
-        if transport is None or transport.is_closing():
-            self._stop(ConnectionResetError("the client closed its connection"))
-            return
-        transport.write(request.frame(data))
-        if request.conn.writing_paused:  # the client's buffer is past its high-water mark
-            self._lagging = True
-            self.resp.pause_reading()
-            self._notify()
-
-    def _on_end(self, exc: BaseException | None) -> None:
-        if exc is None:
-            self._ended = True
-            self._notify()
-        else:
-            self._stop(exc)
-
-    def _stop(self, exc: BaseException) -> None:
-        self.resp.stop_streaming()
-        self._error = exc
-        self._notify()
-
-    def _notify(self) -> None:
-        if self._wake is not None and not self._wake.done():
-            self._wake.set_result(None)
+    def rest(self) -> bytes:
+        """The tail of a line the stream ended inside."""
+        rest, self.partial = self.partial, b""
+        return _fix_lines(rest, self.fix, self.result) if rest else b""
 
 
 @dataclass
@@ -211,22 +145,16 @@ class SSEResult:
     client_gone: bool = False  # the client closed its connection mid-stream
 
 
-def write_stream_error(request: Request, err: ProxyError) -> None:
+async def write_stream_error(request: Request, err: ProxyError) -> None:
     """An error after the stream began: the status is sent already, so tell the client in an SSE event and end
-    the answer. A client that does not read (its buffer is full) gets its connection closed instead."""
-    transport = request.transport
-    if transport is None or transport.is_closing():
+    the answer. A client that does not take it within LAST_WORDS_S has its connection closed instead."""
+    if request.client_gone:
         return
-    if request.writing_paused:
-        transport.abort()
-        return
-    request.end_stream(b"data: " + _encoder.encode(err.body()) + b"\n\n")
-
-
-def _check_client(request: Request) -> None:
-    transport = request.transport
-    if transport is None or transport.is_closing():
-        raise ConnectionResetError("the client closed its connection")
+    try:
+        async with asyncio.timeout(LAST_WORDS_S):
+            await request.end_stream(b"data: " + _encoder.encode(err.body()) + b"\n\n")
+    except TimeoutError:
+        pass  # the answer stays unfinished: the server closes the connection
 
 
 def _fix_lines(data: bytes, fix: FixUsage, result: SSEResult) -> bytes:

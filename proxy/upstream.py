@@ -1,8 +1,8 @@
-"""HTTP to the workers: pooled keep-alive connections (http1.py), and the one boundary where the HTTP client's
+"""HTTP to the workers: pooled keep-alive connections (http/client.py), and the one boundary where the HTTP client's
 errors and asyncio's timeouts become the proxy's UpstreamError tree (errors.py): `unavailable` below, which the
 relay uses too for an answer that breaks mid-stream.
 
-The calls to the workers go through http1.HTTPPool; the aiohttp session stays for what is not on a request's
+The calls to the workers go through http.client.HTTPPool; the aiohttp session stays for what is not on a request's
 path (the Kubernetes API, with TLS and its own headers)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import msgspec
 
 from .config_sections import Timeouts
 from .errors import HTTPClientError, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
-from .http1 import HTTPPool
-from .upstream_response import Leave, Response
+from .http.client import HTTPPool
+from .http.response import Leave, Response
 
 # post_json's `leave_behind` option: LeaveBehind(until, on_end) (a loop time; run when the connection is done with
 # the answer), `.taken` once the caller stopped waiting and the answer was left behind

@@ -1,5 +1,5 @@
 # The routing proxy alone: no CUDA, no vLLM, no torch; only the proxy's dependencies (pyproject's
-# `dependencies`: msgspec, pyzmq, aiohttp, httptools, uvloop, prometheus-client). Build from the repository root:
+# `dependencies`: msgspec, pyzmq, aiohttp, httptools, uvicorn, uvloop, prometheus-client). Build from the repository root:
 #   docker build -f deploy/docker/proxy.Dockerfile -t ghcr.io/hybrid-pd/hybrid-pd-proxy:0.1.0 .
 # tests/deploy/test_dockerfiles.py replays the build stage's COPY and RUN lines in a temporary folder.
 FROM python:3.11-slim AS build

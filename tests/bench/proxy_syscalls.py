@@ -6,8 +6,8 @@
 Starts the fake workers (events INTERVAL_MS apart) and the proxy (ours, or vllm-router from the proxy bench's
 venv), warms up with 20 requests, then counts the proxy's syscalls over REQUESTS streamed completions; the table
 goes to /tmp/strace_<peer>_<interval>.txt. Needs strace. Every process it starts is stopped by PID.
-`relay` times the proxy's own code for one SSE event (D's connection callback to the client transport's write,
-with transports that drop the bytes), i.e. the Python that is ours rather than the event loop's.
+`relay` times the proxy's code for one SSE event (D's connection callback, the relaying task's wake-up, the
+server's send, with transports that drop the bytes): ours and the event loop's, without the kernel's.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import time
 
 import uvloop
 
-from hybrid_pd.proxy import http1, relay
-from hybrid_pd.proxy.http_request import Request
-from hybrid_pd.proxy.upstream_response import Response
+from hybrid_pd.proxy import relay
+from hybrid_pd.proxy.http import client
+from hybrid_pd.proxy.http.request import Request
+from hybrid_pd.proxy.http.response import Response
 from tests.bench import proxy_bench as pb
 from tests.bench.proxy_bench import DEFAULT_ROUTER_VENV, ROOT
 from tests.support.procs import free_port
@@ -68,27 +69,33 @@ class _NullTransport:
         return False
 
 
-class _NullConnection:  # what the relay reads of the client's connection (http_server.Connection)
-    transport = _NullTransport()
-    writing_paused = False
-
-
-async def relay_cost_per_event(n: int = 200_000) -> float:
-    """Microseconds of CPU per event through http1._Connection.data_received -> relay._SSEPipe -> write."""
+async def relay_cost_per_event(n: int = 100_000) -> float:
+    """Microseconds of CPU per event through client._Connection.data_received -> relay_sse -> the server's send
+    (here one that drops the bytes), the relaying task's wake-up per event included."""
     event = (b'data: {"id":"cmpl-fake","object":"text_completion","created":0,"model":"fake-model","choices":'
              b'[{"index":0,"text":" t1","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n')
     chunk = b"%x\r\n%b\r\n" % (len(event), event)
-    conn = http1._Connection(None, ("http", "x", 1), asyncio.get_running_loop())  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    conn = client._Connection(None, ("http", "x", 1), loop)  # type: ignore[arg-type]
     conn.transport = _NullTransport()  # type: ignore[assignment]
-    conn._mode = http1._CHUNKED
+    conn._mode = client._CHUNKED
     conn._resp = resp = Response(conn, 200, {"content-type": "text/event-stream"})
-    client = Request(_NullConnection(), "POST", "/v1/completions", "", "1.1", {}, b"", True)  # type: ignore[arg-type]
-    pipe = relay._SSEPipe(client, resp, lambda chunk: None, relay.SSEResult(200))
-    resp.stream_to(pipe._on_data, pipe._on_end)
+
+    async def send(message: dict) -> None:
+        pass
+
+    request = Request(send, "POST", "/v1/completions", "", "1.1", {}, b"")
+    conn.data_received(chunk)
+    task = loop.create_task(relay.relay_sse(request, resp, lambda chunk: None, worker="d", first_byte_timeout=5.0,
+                                            deadline=loop.time() + 3600, loop=loop, on_first_byte=lambda: None))
+    await asyncio.sleep(0)
     t = time.process_time()
     for _ in range(n):
         conn.data_received(chunk)
-    return (time.process_time() - t) / n * 1e6
+        await asyncio.sleep(0)
+    cost = (time.process_time() - t) / n * 1e6
+    task.cancel()
+    return cost
 
 
 if __name__ == "__main__":

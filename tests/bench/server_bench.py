@@ -87,20 +87,20 @@ async def serve_aiohttp_lowlevel(port: int) -> None:
 
 
 async def serve_ours(port: int) -> None:
-    from hybrid_pd.proxy.http_request import Request
-    from hybrid_pd.proxy.http_server import HTTPServer
+    from hybrid_pd.proxy.http.request import Request
+    from hybrid_pd.proxy.http.server import HTTPServer
 
     async def answer(request: Request) -> None:
         if not STREAM["events"]:
-            request.respond(200, BODY)
+            await request.respond(200, BODY)
             return
         request.begin_stream(200, "text/event-stream")
         events = sse_events()
         for event in events[:-1]:
             await pace()
-            request.write(event)
+            await request.write(event)
         await pace()
-        request.end_stream(events[-1])
+        await request.end_stream(events[-1])
 
     await HTTPServer.start("127.0.0.1", port, answer)
     await asyncio.Event().wait()

@@ -17,8 +17,10 @@ from hybrid_pd.connector.messages import (
 )
 from hybrid_pd.connector.plan import GroupSpec, Run
 from hybrid_pd.connector.scheduler_side import SchedulerSide
+from hybrid_pd.connector.step import StepMeta
 from hybrid_pd.connector.transport import InMemoryTransport
-from hybrid_pd.connector.worker_side import StepMeta, WorkerSide
+from hybrid_pd.connector.vllm_request import drop_last_prompt_token
+from hybrid_pd.connector.worker_side import WorkerSide
 
 GROUPS = [GroupSpec("mamba", 4), GroupSpec("attention", 4)]
 PAGE, STATE, NBLOCKS = 64, 40, 16
@@ -55,8 +57,9 @@ def test_prefiller_cuts_one_token_and_returns_params_with_a_pinned_checkpoint():
     store = FakeStore()
     p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, lease_s=9, checkpoints=store)
     req = request(11, {"do_remote_decode": True})
-    p.on_new_request(req)
-    p.on_new_request(req)  # idempotent (preemption)
+    assert p.on_new_request(req)
+    drop_last_prompt_token(req)
+    assert not p.on_new_request(req)  # once (preemption)
     assert req.num_prompt_tokens == 10 and len(req.prompt_token_ids) == 10 and req.max_tokens == 1
     req.num_computed_tokens = 10
     delay, params = p.request_finished(req, ([0, 0, 3], [5, 6, 7]), finished_ok=True)

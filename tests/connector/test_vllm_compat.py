@@ -15,7 +15,8 @@ from tests.support.vllm_source import VllmSource, vllm_source
 RELEASES = ["0.26.0", "0.32.0", "0.33.0"]
 pytestmark = pytest.mark.parametrize("release", RELEASES)
 CONNECTOR = Path(__file__).resolve().parents[2] / "connector"
-GLUE = {f: ast.parse((CONNECTOR / f).read_text()) for f in ("vllm_glue.py", "vllm_stats.py", "scheduler_side.py")}
+GLUE = {f: ast.parse((CONNECTOR / f).read_text()) for f in ("vllm_glue.py", "vllm_stats.py", "vllm_checkpoints.py",
+                                                          "vllm_request.py", "scheduler_side.py")}
 BASE = "vllm/distributed/kv_transfer/kv_connector/v1/base.py"
 SCHEDULER, REQUEST, OUTPUTS = "vllm/v1/core/sched/scheduler.py", "vllm/v1/request.py", "vllm/v1/outputs.py"
 POOL, UTILS = "vllm/v1/core/block_pool.py", "vllm/v1/core/kv_cache_utils.py"

@@ -1,6 +1,7 @@
-"""The proxy's HTTP/1.1 server (proxy/http_server.py) on real sockets: keep-alive, pipelining, request bodies
-(Content-Length, chunked, after 100-continue), HTTP/1.0, limits, malformed input, disconnects, idle timeout,
-shutdown. Raw bytes go in and come out, so that framing is checked, not a client's reading of it."""
+"""The proxy's HTTP/1.1 server (proxy/http/server.py: uvicorn and what we add to it) on real sockets:
+keep-alive, pipelining, request bodies (Content-Length, chunked, after 100-continue), HTTP/1.0, limits,
+malformed input, disconnects, idle timeout, shutdown. Raw bytes go in and come out, so that framing is checked,
+not a client's reading of it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
-from hybrid_pd.proxy.http_request import Request
-from hybrid_pd.proxy.http_server import HTTPServer, Limits
+from hybrid_pd.proxy.http.request import Request
+from hybrid_pd.proxy.http.server import HTTPServer, Limits
 from tests.proxy.fakes import run
 
 
@@ -46,13 +47,13 @@ class App:
             if req.path == "/stream":
                 req.begin_stream(200, "text/event-stream")
                 for i in range(3):
-                    req.write(b"data: %d\n\n" % i)
+                    await req.write(b"data: %d\n\n" % i)
                     await asyncio.sleep(0)
-                req.end_stream(b"data: [DONE]\n\n")
+                await req.end_stream(b"data: [DONE]\n\n")
                 return
             body = json.dumps({"method": req.method, "path": req.path, "query": req.query, "version": req.version,
                                "body": req.body.decode("latin-1"), "headers": req.headers}).encode()
-            req.respond(200, body)
+            await req.respond(200, body)
         finally:
             self.active -= 1
 
@@ -145,20 +146,18 @@ def test_expect_100_continue_gets_its_interim_answer_before_the_body_is_sent():
     run(body())
 
 
-def test_http10_closes_unless_keep_alive_and_streams_unframed():
+def test_http10_gets_answers_it_can_read_then_a_closed_connection():
     async def body():
         async with server() as (app, port):
-            reader, writer = await connect(port)
-            writer.write(b"GET /a HTTP/1.0\r\n\r\n")
-            status, headers, _ = await read_answer(reader)
-            assert status == 200 and headers["connection"] == "close"
-            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
-            reader, writer = await connect(port)
-            writer.write(b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /stream HTTP/1.0\r\n\r\n")
-            status, headers, _ = await read_answer(reader)
-            assert status == 200 and headers["connection"] == "keep-alive"
-            status, headers, raw = await read_answer(reader)  # no Content-Length, no chunks: until close
-            assert "transfer-encoding" not in headers and raw == b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+            for path in (b"/a", b"/stream"):
+                reader, writer = await connect(port)
+                writer.write(b"GET %b HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" % path)
+                status, headers, raw = await read_answer(reader)
+                assert status == 200 and headers["connection"] == "close"
+                assert "transfer-encoding" not in headers  # no chunks for HTTP/1.0: a stream is sent whole
+                if path == b"/stream":
+                    assert raw == b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+                assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
     run(body())
 
 

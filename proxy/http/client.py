@@ -2,14 +2,20 @@
 
     pool = HTTPPool(connect_timeout=5.0)
     resp = await pool.request("POST", "http://p:8100", "/v1/completions", body, headers, timeout=30.0)
-    data = await resp.read()            # or readany(), or stream_to(): see upstream_response.py
+    data = await resp.read()            # or readany(): see response.py
 
 Why not aiohttp's client: per request it builds a ClientRequest, a payload object, a connector key, timer
 contexts and a StreamReader that wakes a coroutine per SSE event; profiled under load that was a third of the
-proxy's CPU. Here one asyncio.Protocol per keep-alive connection parses the answer (content-length, chunked,
-or until close) straight into its Response (upstream_response.py), and the connection goes back to the pool as soon as
-the answer's
-last byte arrived (its body stays buffered in the Response).
+proxy's CPU. Here one asyncio.Protocol per keep-alive connection parses the answer with llhttp (httptools'
+response parser: content-length, chunked, or until close; a repeated Content-Length, a bare CR or a malformed
+chunk is refused) straight into its Response (response.py), and the connection goes back to the pool as soon as
+the answer's last byte arrived (its body stays buffered in the Response). Repeated header fields are joined with
+', '. Heads over MAX_HEAD and bodies over MAX_BODY bytes are refused.
+
+A request that meets a pooled connection the worker closed before a byte of the answer came is sent once more on
+a new connection, a POST too: a server closes a keep-alive connection only while no request is in progress on it
+(uvicorn, which vLLM runs, cancels its idle timer as the first byte of a request arrives), so the worker never
+began the request; and the pool drops connections idle for keepalive_s, under uvicorn's 5 s.
 
 Errors are the client's own (errors.py, mapped in upstream.py): ConnectFailed (cannot connect), Disconnected
 (closed before an answer), BrokenAnswer (closed or garbled mid-body), and TimeoutError (no answer head within
@@ -24,12 +30,14 @@ import time
 from collections import deque
 from urllib.parse import urlsplit
 
-from .errors import BrokenAnswer, ConnectFailed, Disconnected
-from .timers import expire
-from .upstream_response import Leave, Response
+import httptools
+
+from ..errors import BrokenAnswer, ConnectFailed, Disconnected
+from ..timers import expire
+from .response import Leave, Response
 
 MAX_HEAD = 64 * 1024
-_NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(4)
+MAX_BODY = 1 << 30  # a worker's answer, whole or streamed
 
 
 class _Connection(asyncio.Protocol):
@@ -39,20 +47,21 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reused = False  # served an answer before: a close before the next answer's head may be retried
         self.idle_since = 0.0
-        self._raw = b""
+        self.parser = httptools.HttpResponseParser(self)
         self._head: asyncio.Future | None = None  # the current request's Response, once its head is parsed
         self._resp: Response | None = None
-        self._mode = _NO_BODY
-        self._left = 0  # LENGTH: body bytes to come; CHUNKED: bytes of the current chunk, -1 = its CRLF
-        self._trailer = False
-        self._keep_alive = True
+        self._headers: dict[str, str] = {}
+        self._head_bytes = 0
+        self._body_bytes = 0
+        self._until_close = False  # a body without length or chunks: it ends when the connection does
+        self._got_bytes = False  # some of the current answer arrived (a close is no longer a stale connection)
         self._paused = False
         self._left_behind: Leave | None = None  # the answer in progress was left behind by its caller
 
     # ---- the client side ---------------------------------------------------------------------------------
     def send(self, data: bytes) -> asyncio.Future:
         self._head = self.loop.create_future()
-        self._keep_alive, self._resp, self._raw = True, None, b""
+        self._resp, self._got_bytes = None, False
         self.transport.write(data)  # type: ignore[union-attr]  # (set before the pool hands it out)
         return self._head
 
@@ -97,24 +106,22 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         resp = self._resp
         if resp is not None:
-            if self._mode == _UNTIL_CLOSE and exc is None:
+            if self._until_close and exc is None:
                 resp._finish()
             elif not resp._done:
                 resp._finish(BrokenAnswer(f"the worker closed the connection mid-body ({exc!r})"))
         elif self._head is not None and not self._head.done():
-            self._head.set_exception(Disconnected(retryable=self.reused and not self._raw))
+            self._head.set_exception(Disconnected(retryable=self.reused and not self._got_bytes))
         self._resp = None
         self._left_done()
 
     def data_received(self, data: bytes) -> None:
-        self._raw = self._raw + data if self._raw else data
+        self._got_bytes = True
         try:
-            if self._resp is None:
-                self._parse_head()
-            if self._resp is not None and self._raw:
-                self._parse_body()
-        except ValueError as e:
-            err = BrokenAnswer(f"malformed HTTP answer from the worker: {e}")
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
+            cause = e.__context__ if isinstance(e.__context__, BrokenAnswer) else None
+            err = cause or BrokenAnswer(f"malformed HTTP answer from the worker: {e}")
             if self._resp is not None:
                 self._resp._finish(err)
             elif self._head is not None and not self._head.done():
@@ -122,111 +129,48 @@ class _Connection(asyncio.Protocol):
             self._resp = None
             self.abort()
 
-    def _parse_head(self) -> None:
-        while self._resp is None:
-            end = self._raw.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._raw) > MAX_HEAD:
-                    raise ValueError("answer head too long")
-                return
-            head, self._raw = self._raw[:end].decode("latin-1"), self._raw[end + 4 :]
-            lines = head.split("\r\n")
-            version, _, rest = lines[0].partition(" ")
-            if not version.startswith("HTTP/1."):
-                raise ValueError(f"bad status line {lines[0][:80]!r}")
-            status = int(rest[:3])
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep:
-                    raise ValueError(f"bad header line {line[:80]!r}")
-                headers[name.strip().lower()] = value.strip()
-            if 100 <= status < 200:
-                continue  # 100 Continue and friends: the real answer follows
-            conn = headers.get("connection", "").lower()
-            self._keep_alive = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
-            if status in (204, 304):
-                self._mode, self._left = _NO_BODY, 0
-            elif "chunked" in headers.get("transfer-encoding", "").lower():
-                self._mode, self._left, self._trailer = _CHUNKED, 0, False
-            elif "content-length" in headers:
-                self._mode, self._left = _LENGTH, int(headers["content-length"])
-            else:
-                self._mode, self._keep_alive = _UNTIL_CLOSE, False
-            self._resp = resp = Response(self, status, headers)
-            if self._head is not None and not self._head.done():
-                self._head.set_result(resp)
-            if self._mode == _NO_BODY or (self._mode == _LENGTH and self._left == 0):
-                self._complete()
+    # ---- llhttp callbacks ----------------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self._head is None:
+            raise BrokenAnswer("the worker answered a request it was not sent")
+        self._headers, self._head_bytes, self._body_bytes = {}, 0, 0
 
-    def _parse_body(self) -> None:
-        raw, resp = self._raw, self._resp
-        assert resp is not None
-        if self._mode == _UNTIL_CLOSE:
-            self._raw = b""
-            resp._feed(raw)
-        elif self._mode == _LENGTH:
-            take = raw[: self._left]
-            self._raw, self._left = raw[len(take) :], self._left - len(take)
-            resp._feed(take, last=self._left == 0)
-            if self._left == 0:
-                self._complete()
-        else:
-            self._parse_chunks()
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > MAX_HEAD:
+            raise BrokenAnswer(f"answer head over {MAX_HEAD} bytes")
+        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+        old = self._headers.get(key)  # (llhttp refuses a second Content-Length itself)
+        self._headers[key] = text if old is None else f"{old}, {text}"
 
-    def _parse_chunks(self) -> None:
-        """De-chunk what arrived; the body bytes of all complete chunks reach the Response in one piece."""
-        raw, pos, n, out, resp = self._raw, 0, len(self._raw), [], self._resp
-        assert resp is not None  # (_parse_body runs with an answer in progress)
-        while pos < n:
-            left = self._left
-            if left > 0:  # inside a chunk's data
-                take = min(left, n - pos)
-                out.append(raw[pos : pos + take])
-                pos, self._left = pos + take, left - take
-                if self._left == 0:
-                    self._left = -1
-                continue
-            end = raw.find(b"\r\n", pos)
-            if end < 0:
-                if n - pos > MAX_HEAD:
-                    raise ValueError("chunk size line too long")
-                break
-            if left == -1:  # the CRLF that ends a chunk's data
-                if end != pos:
-                    raise ValueError("chunk data longer than its size")
-                pos, self._left = end + 2, 0
-                continue
-            line, pos = raw[pos:end], end + 2
-            if self._trailer:
-                if not line:  # the empty line after the last chunk (and its trailers)
-                    self._raw = raw[pos:]
-                    if out:
-                        resp._feed(b"".join(out), last=True)
-                    self._complete()
-                    return
-                continue
-            try:
-                size = int(line, 16)
-            except ValueError:
-                size = int(line.split(b";", 1)[0], 16)  # a chunk extension
-            if size < 0:
-                raise ValueError("negative chunk size")
-            if size == 0:
-                self._trailer = True
-            elif pos + size + 2 <= n and raw[pos + size : pos + size + 2] == b"\r\n":  # the whole chunk is here
-                out.append(raw[pos : pos + size])
-                pos += size + 2
-            else:
-                self._left = size
-        self._raw = raw[pos:] if pos < n else b""
-        if out:
-            resp._feed(out[0] if len(out) == 1 else b"".join(out))
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status < 200:
+            return  # 100 Continue and friends: the real answer follows
+        headers = self._headers
+        self._until_close = (
+            status not in (204, 304)
+            and "content-length" not in headers
+            and "chunked" not in headers.get("transfer-encoding", "").lower()
+        )
+        self._resp = resp = Response(self, status, headers)
+        if self._head is not None and not self._head.done():
+            self._head.set_result(resp)
 
-    def _complete(self) -> None:
-        resp, self._resp, self._head = self._resp, None, None
-        assert resp is not None, "an answer completes after its head"
-        if self._keep_alive and not self._raw:
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > MAX_BODY:
+            raise BrokenAnswer(f"answer body over {MAX_BODY} bytes")
+        assert self._resp is not None  # (a body follows its head)
+        self._resp._feed(body)
+
+    def on_message_complete(self) -> None:
+        resp = self._resp
+        if resp is None:
+            return  # the end of a 1xx answer
+        self._resp = self._head = None
+        self.resume()  # (its Response may have paused reading; the next answer on this connection reads on)
+        if self.parser.should_keep_alive() and not self._until_close:
             self.reused = True
             self.pool._release(self)
         else:

@@ -1,13 +1,12 @@
-"""One worker's answer as the proxy's HTTP client (http1.py) receives it: status and headers at once, the body
-as it arrives, read in one of three ways:
+"""One worker's answer as the proxy's HTTP client (client.py) receives it: status and headers at once, the body
+as it arrives, read in one of two ways:
 
     data = await resp.read(timeout)          # the whole body
     data = await resp.readany(timeout)       # whatever arrived (waits for some); b"" at the end
-    resp.stream_to(on_data, on_end)          # every later piece handed over from the connection's callback
-                                             # (but the last: see stream_to)
 
-The connection (http1._Connection, a Wire) feeds it with _feed / _finish; close() drops an unfinished answer's
-connection, so that the worker sees its client leave.
+The connection (client._Connection, a Wire) feeds it with _feed / _finish, and stops reading while more than
+UNREAD_LIMIT bytes wait here (a client that lags holds the worker back, not the proxy's memory); close() drops an
+unfinished answer's connection, so that the worker sees its client leave.
 """
 
 from __future__ import annotations
@@ -16,7 +15,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from .timers import expire
+from ..timers import expire
+
+UNREAD_LIMIT = 1 << 20
 
 
 class Leave:
@@ -32,7 +33,7 @@ class Leave:
 
 
 class Wire(Protocol):
-    """What an answer needs of the connection it arrives on (http1's)."""
+    """What an answer needs of the connection it arrives on (client.py's)."""
 
     loop: asyncio.AbstractEventLoop
 
@@ -57,8 +58,8 @@ class Response:
         "_done",
         "_exc",
         "_waiter",
-        "_on_data",
-        "_on_end",
+        "_unread",
+        "_paused",
     )
 
     def __init__(self, conn: Wire, status: int, headers: dict[str, str]):
@@ -68,8 +69,8 @@ class Response:
         self._done = False
         self._exc: BaseException | None = None
         self._waiter: asyncio.Future | None = None
-        self._on_data: Callable[[bytes], None] | None = None  # set by stream_to
-        self._on_end: Callable[[BaseException | None], None] | None = None
+        self._unread = 0  # bytes in _chunks
+        self._paused = False  # the connection stopped reading: _unread passed UNREAD_LIMIT
 
     async def readany(self, timeout: float | None = None) -> bytes:
         """Whatever body bytes have arrived (waits for some); b"" at the end of the body."""
@@ -78,6 +79,10 @@ class Response:
         if self._chunks:
             data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
             self._chunks.clear()
+            self._unread = 0
+            if self._paused and not self._done:
+                self._paused = False
+                self._conn.resume()
             return data
         if self._exc is not None:
             raise self._exc
@@ -95,36 +100,10 @@ class Response:
         self._chunks.clear()
         return data
 
-    def stream_to(self, on_data: Callable[[bytes], None], on_end: Callable[[BaseException | None], None]) -> None:
-        """Hand the rest of the body to `on_data` piece by piece, called from the connection's own callback as
-        the bytes arrive (no task wakes up per piece: that is what a relay of many small SSE events pays for),
-        then call `on_end(None)` at the body's end or `on_end(exc)` when it broke. Bytes that arrived already
-        are handed over at once. The piece that arrives with the body's end stays here for readany(), so that
-        the caller can send it with the end of its own answer (one write instead of two). Flow control is the
-        caller's: pause_reading() / resume_reading()."""
-        if self._chunks:
-            data = b"".join(self._chunks)
-            self._chunks.clear()
-            on_data(data)
-        if self._done or self._exc is not None:
-            on_end(self._exc)
-            return
-        self._on_data, self._on_end = on_data, on_end
-
     @property
     def complete(self) -> bool:
         """The whole body arrived (some of it may be unread)."""
         return self._done
-
-    def stop_streaming(self) -> None:
-        """Hand nothing more to stream_to's callbacks."""
-        self._on_data = self._on_end = None
-
-    def pause_reading(self) -> None:
-        self._conn.pause()
-
-    def resume_reading(self) -> None:
-        self._conn.resume()
 
     def leave(self, leave: Leave) -> None:
         """The reader stops waiting: the connection reads the rest unseen (Leave)."""
@@ -147,12 +126,12 @@ class Response:
             if timer is not None:
                 timer.cancel()
 
-    def _feed(self, data: bytes, last: bool = False) -> None:
-        """`last`: the body ends with this piece (_finish follows at once)."""
-        if self._on_data is not None and not last:
-            self._on_data(data)
-            return
+    def _feed(self, data: bytes) -> None:
         self._chunks.append(data)
+        self._unread += len(data)
+        if self._unread > UNREAD_LIMIT and not self._paused:
+            self._paused = True
+            self._conn.pause()
         self._wake()
 
     def _finish(self, exc: BaseException | None = None) -> None:
@@ -160,10 +139,6 @@ class Response:
             self._done = True
         else:
             self._exc = exc
-        on_end = self._on_end
-        if on_end is not None:
-            self._on_data = self._on_end = None
-            on_end(exc)
         self._wake()
 
     def _wake(self) -> None:
