@@ -11,7 +11,7 @@ import importlib.metadata
 import os
 import sys
 
-from hybrid_pd.prefill.aligned_block import AlignedBlockWatch, user_block_size
+from hybrid_pd.prefill.aligned_block import AlignedBlockWatch
 from hybrid_pd.prefill.core_neighbours import sharing
 from hybrid_pd.prefill.errors import ConfigError, WorkerError
 from hybrid_pd.prefill.supervisor import ChildProcess, run_until_signalled
@@ -181,9 +181,7 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
             # binding comes late (its worker), and until then `import torch` ran wherever the scheduler put it,
             # once for minutes behind a busy decoder's spinning core.
             os.sched_setaffinity(0, config.cpu_cores)
-        watch = AlignedBlockWatch(
-            config.max_model_len, config.checkpoint_every, user_block_size(config.extra_vllm_args)
-        )
+        watch = AlignedBlockWatch(config.max_model_len, config.checkpoint_every)
         child = ChildProcess(
             f"{role} worker", config.argv(), config.url, env=config.env(), log=sys.stdout, on_line=watch.feed
         )
