@@ -211,7 +211,9 @@ def qwen3_5_release_layout(folder: Path) -> None:
     (`model_type` qwen3_5, `text_config` + `vision_config`, `Qwen3_5ForConditionalGeneration`) and the text
     weights under `model.language_model.`. vLLM 0.26 serves Qwen3.5 only that way (it has no text-only class:
     its multimodal processor wants the composite `Qwen3_5Config`); 0.32 serves it too. No vision weights: the
-    engines run with `--language-model-only` (FAMILY_VLLM_ARGS), which skips the vision tower."""
+    engines run with `--language-model-only` (FAMILY_VLLM_ARGS), which skips the vision tower. The image and video
+    processor configs are there because vLLM 0.32 makes every KV consumer of a multimodal model accept
+    pre-computed embeddings, and sizing those loads the processors even under `--language-model-only`."""
     from safetensors.torch import load_file, save_file
     from transformers import Qwen3_5Config
 
@@ -220,6 +222,14 @@ def qwen3_5_release_layout(folder: Path) -> None:
     cfg = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=text["tie_word_embeddings"])
     cfg.architectures, cfg.dtype = ["Qwen3_5ForConditionalGeneration"], text["dtype"]
     cfg.save_pretrained(folder)
+    pixels = dict(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    for name, kind, cls, shortest, longest in (  # patches as the vision config; the pixel bounds only size a budget
+        ("preprocessor_config.json", "image_processor_type", "Qwen2VLImageProcessorFast", 65536, 16777216),
+        ("video_preprocessor_config.json", "video_processor_type", "Qwen3VLVideoProcessor", 4096, 25165824),
+    ):
+        processor = {kind: cls, "processor_class": "Qwen3VLProcessor", **pixels}
+        processor["size"] = {"shortest_edge": shortest, "longest_edge": longest}
+        (folder / name).write_text(json.dumps(processor, indent=1))
     weights = folder / "model.safetensors"
     tensors = load_file(weights)
     save_file(

@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 
 CACHE_ROOT = Path(os.environ.get("HYBRID_PD_CACHE", Path.home() / ".cache" / "hybrid-pd"))
-BUILD_VERSION = 4  # bump when the builder's output changes for the same spec
+BUILD_VERSION = 5  # bump when the builder's output changes for the same spec
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
