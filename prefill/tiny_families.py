@@ -264,12 +264,17 @@ def lfm2(spec, vocab: int):
 
 @family("zamba2")
 def zamba2(spec, vocab: int):
-    """Zamba2 (Mamba2 backbone; 'hybrid' layers add one shared attention+MLP block on [h, embeddings])."""
+    """Zamba2 (Mamba2 backbone; 'hybrid' layers add one shared attention+MLP block on [h, embeddings]).
+
+    Tied embeddings, as in the released Zamba2-1.2B and 2.7B (their configs leave `tie_word_embeddings` at its
+    default, True): vLLM's Zamba2ForCausalLM ties lm_head to embed_tokens whatever the config says and skips the
+    checkpoint's lm_head.weight, so an untied model's head is replaced by its embeddings there (flat greedy outputs).
+    """
     from transformers import Zamba2Config
 
     m = mamba2_widths(spec)
     cfg = Zamba2Config(
-        **common(spec, vocab),
+        **(common(spec, vocab) | dict(tie_word_embeddings=True)),
         intermediate_size=2 * spec.hidden_size,
         num_attention_heads=2 * spec.hidden_size // 64,  # attention runs on 2 * hidden: 64-wide heads
         layers_block_type=["hybrid" if is_attention(spec, i) else "mamba" for i in range(spec.layers)],
