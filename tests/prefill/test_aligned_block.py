@@ -21,3 +21,11 @@ def test_the_nemotron_super_cliff_and_a_misaligned_checkpoint_interval_are_named
     notes = AlignedBlockWatch(max_model_len=4096, checkpoint_every=10000).feed(LCM)
     assert "raise --max-model-len to at least 16640" in notes[1]
     assert "--checkpoint-every 10000 is not a multiple of the aligned block (8320): set it to 8320" in notes[2]
+
+
+def test_where_vllm_logs_no_block_our_connector_names_the_engine_cores():
+    """vLLM 0.26 on a GPU kept its starting block (16) for the tiny Zamba2 and logged no block line."""
+    watch = AlignedBlockWatch(max_model_len=2048)
+    line = ("(EngineCore pid=311) INFO 11-24 09:31:02 [vllm_glue.py:96] hybrid-pd connector: KV-cache groups "
+            "mamba 16, mamba 16, attention 16, blocks of 16 tokens")
+    assert watch.feed(line)[0].startswith("aligned block: 16 tokens") and watch.block == 16
