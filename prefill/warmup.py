@@ -11,6 +11,12 @@ extending those prompts, half new), and only then writes its ready file, which t
 checks. The batch is there because batches of several prompts compile kernels of their own: on two H200s
 (deploy/gpu/results/2026-11-24-h200x2-qwen3next) every set-up, warmed one request at a time, stalled 0.7-1.6 s on
 its first busy moment. Prompts are token ids drawn from a per-start seed, so no client prompt shares them.
+
+The requests also vary how they sample (SAMPLERS): vLLM's sampler compiles with torch.compile on first use the
+rank count behind `logprobs` (`batched_count_greater_than`) and the random draw behind temperature > 0
+(`compiled_random_sample`), and JIT-compiles Triton kernels for top-k/top-p. Warmed with greedy requests only,
+the first request of a c=1 benchmark that asked for log-probabilities took 0.86-1.9 s on every set-up where the
+probes before it (greedy) took 0.1-0.3 s (H100, deploy/gpu/results/2026-11-24-h100-qwen3next-r2).
 """
 
 from __future__ import annotations
@@ -29,6 +35,14 @@ EXTEND_TOKENS = 64  # tokens added to a warm-up prompt for its prefix-hit twin
 ODD = 13  # a second length per asked one, not a multiple of 16
 MAX_TOKENS = 4  # decode steps per warm-up request (the decode graphs were captured at start-up)
 CONCURRENT = 8  # the last step: this many requests at once at the first length, the even ones extending a prompt
+# how warm-up requests sample, in turn: greedy, greedy with log-probabilities, random with top-k/top-p, random
+# with log-probabilities (each compiles sampler kernels of its own on first use)
+SAMPLERS: tuple[dict, ...] = (
+    {"temperature": 0},
+    {"temperature": 0, "logprobs": 2},
+    {"temperature": 0.8, "top_p": 0.9, "top_k": 40},
+    {"temperature": 0.8, "logprobs": 2},
+)
 
 
 def batch_sizes(first: int, bases: list[int]) -> list[tuple[int | None, int]]:
@@ -105,7 +119,8 @@ def warm_up(
             twin = prompt + draw(EXTEND_TOKENS + (size - n))
             scratch.append(prompt)
             for label, tokens in ((f"{size} tokens", prompt), (f"{len(twin)} after {size}", twin)):
-                done.append(_complete(url, served_name, label, tokens, timeout))
+                sampler = SAMPLERS[len(done) % len(SAMPLERS)]
+                done.append(_complete(url, served_name, label, tokens, timeout, sampler))
     if lengths:
         batch = [
             scratch[base] + draw(size - len(scratch[base])) if base is not None else draw(size)
@@ -113,16 +128,21 @@ def warm_up(
         ]
         start = time.monotonic()
         with ThreadPoolExecutor(len(batch)) as pool:
-            answers = list(pool.map(lambda t: _complete(url, served_name, "", t, timeout), batch))
+            answers = list(
+                pool.map(
+                    lambda i: _complete(url, served_name, "", batch[i], timeout, SAMPLERS[i % len(SAMPLERS)]),
+                    range(len(batch)),
+                )
+            )
         errors = [a.error for a in answers if a.error]
         label = f"{len(batch)} at once ({sum(map(len, batch)):,} tokens)"
         done.append(WarmupRequest(label, time.monotonic() - start, errors[0] if errors else None))
     return done
 
 
-def _complete(url: str, model: str, label: str, tokens: list[int], timeout: float) -> WarmupRequest:
+def _complete(url: str, model: str, label: str, tokens: list[int], timeout: float, sampler: dict) -> WarmupRequest:
     body = json.dumps(
-        {"model": model, "prompt": tokens, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+        {"model": model, "prompt": tokens, "max_tokens": MAX_TOKENS, "ignore_eos": True, **sampler}
     ).encode()
     req = urllib.request.Request(
         url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}, method="POST"

@@ -57,7 +57,7 @@ def family(request, launch):
     ref = engines.up("ref")["ref"]
     block = aligned_block(engines, "ref")
     if block is None:  # vLLM logged none (the tiny Zamba2 on vLLM 0.26): our connector on P names it
-        engines.up("p")
+        engines.up("ref", "p")
         block = aligned_block(engines, "p")
     assert block, "no engine printed its aligned block"
     n = max(300, block + block // 2)  # past one aligned block, not on a boundary: P keeps a checkpoint to ship
