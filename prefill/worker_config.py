@@ -272,7 +272,7 @@ class WorkerConfig:
         ]  # usage.prompt_tokens_details.cached_tokens
         if self.prefix_caching:
             args += ["--enable-prefix-caching", "--mamba-cache-mode", self.mamba_cache_mode]
-            if self.checkpoint_every:
+            if self.checkpoint_every and vllm_has_retention_interval():
                 args += ["--prefix-cache-retention-interval", str(self.checkpoint_every)]
         else:
             args += ["--no-enable-prefix-caching"]
@@ -314,21 +314,36 @@ class WorkerConfig:
         return {k: v for k, v in env.items() if v != ""}
 
 
+def vllm_source(module_path: str) -> str:
+    """The installed vLLM's source of one module ('v1/core/kv_cache_utils.py'), read instead of imported (the
+    launcher decides vLLM's flags before vLLM starts); '' if there is none."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    try:
+        return (Path(list(spec.submodule_search_locations)[0]) / module_path).read_text()
+    except OSError:
+        return ""
+
+
 def vllm_none_hash_is_random(source: str | None = None) -> bool:
     """True when the installed vLLM seeds NONE_HASH with random bytes if PYTHONHASHSEED is unset (< 0.27; later
-    releases fall back to the fixed "vllm-none-hash"). Reads vLLM's source instead of importing it."""
+    releases fall back to the fixed "vllm-none-hash")."""
     if source is None:
-        import importlib.util
-
-        spec = importlib.util.find_spec("vllm")
-        if spec is None or not spec.submodule_search_locations:
-            return False
-        path = Path(list(spec.submodule_search_locations)[0]) / "v1" / "core" / "kv_cache_utils.py"
-        try:
-            source = path.read_text()
-        except OSError:
-            return False
+        source = vllm_source("v1/core/kv_cache_utils.py")
     return "NONE_HASH = BlockHash(os.urandom" in source and "DEFAULT_NONE_HASH_SEED" not in source
+
+
+def vllm_has_retention_interval(source: str | None = None) -> bool:
+    """True when the installed vLLM has `--prefix-cache-retention-interval` (0.32 has it, 0.26 does not). Without
+    it, align mode already keeps the Mamba state at the end of every scheduler step that ends on a block boundary
+    (0.26's CacheConfig.mamba_cache_mode), so capping the step at the interval is the whole of --checkpoint-every;
+    passing the flag there would make vLLM refuse to start."""
+    if source is None:
+        source = vllm_source("config/cache.py")
+    return "prefix_cache_retention_interval" in source
 
 
 def model_kind(model: str) -> Literal["hybrid", "attention", "unknown"]:

