@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=12)
     ap.add_argument("--stream", type=int, default=16)
     ap.add_argument("--interval-s", type=float, default=0.25)
+    ap.add_argument("--cores", default="0,1,0-1", help="P1, P2 and D's --cpu-bind, ';'-separated or as "
+                    "P1,P2,D (default 0,1,0-1; '0;0;1' gives D a core of its own)")
     args = ap.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="burst-bench-"))
     model = str(build_tiny_model(TinyModelSpec()))
@@ -75,7 +77,8 @@ def main() -> None:
                                            for p in POLICIES}
     try:
         workers = {}
-        for name, role, core in (("p1", "prefill", "0"), ("p2", "prefill", "1"), ("d", "decode", "0-1")):
+        cores = args.cores.split(";") if ";" in args.cores else args.cores.split(",")
+        for name, role, core in zip(("p1", "p2", "d"), ("prefill", "prefill", "decode"), cores, strict=True):
             port = free_port()
             argv = worker_argv(role, connector="hybrid", port=port, cpu_bind=core, model=model,
                                extra=["--checkpoint-every", "256"])
