@@ -6,8 +6,8 @@ Mamba2: conv + SSM state with heads and groups; Mamba1: conv + per-channel SSM s
 pattern (attention every Nth layer, or attention and Mamba in parallel inside a layer for Falcon-H1) and, where
 vLLM needs one, a small MoE. Widths are the smallest that vLLM's kernels accept.
 
-Built models are cached under a name derived from the spec and tiny_model.BUILD_VERSION: bump that when a
-function here changes what it builds.
+Built models are cached under a name derived from the spec, tiny_model.BUILD_VERSION (every family) and
+FAMILY_REVISION (one family): bump the family's revision when a function here changes what it builds.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from typing import Any
 
 ConfigBuilder = Callable[[Any, int], Any]  # (TinyModelSpec, vocab size) -> transformers PretrainedConfig
 FAMILIES: dict[str, ConfigBuilder] = {}
+# bump a family's revision when its builder's output changes (its cached folders then rebuild, the others stay):
+# zamba2 1 = tied embeddings
+FAMILY_REVISION: dict[str, int] = {"zamba2": 1}
 
 
 def family(name: str) -> Callable[[ConfigBuilder], ConfigBuilder]:

@@ -59,7 +59,12 @@ class TinyModelSpec:
     train_steps: int = 300  # 0: random weights (flat next-token distributions)
 
     def folder_name(self) -> str:
-        key = json.dumps(dataclasses.asdict(self) | {"v": BUILD_VERSION}, sort_keys=True)
+        from hybrid_pd.prefill.tiny_families import FAMILY_REVISION
+
+        revision = FAMILY_REVISION.get(self.family, 0)  # in the key only once bumped: other families keep theirs
+        key = json.dumps(
+            dataclasses.asdict(self) | {"v": BUILD_VERSION} | ({"rev": revision} if revision else {}), sort_keys=True
+        )
         name = self.family.replace("_", "")
         return f"tiny-{name}-s{self.seed}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 

@@ -41,3 +41,14 @@ def test_it_is_a_hybrid_model_with_a_chat_template(tiny_model):
     assert text == "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n"
     ids = tok(text)["input_ids"]
     assert tok.convert_tokens_to_ids("<|im_start|>") in ids and tok.decode(ids) == text
+
+
+def test_a_family_revision_renames_that_family_only(monkeypatch):
+    """A builder change to one family (zamba2's tied embeddings) must not reuse its old cached folder, nor
+    rebuild the other families."""
+    from hybrid_pd.prefill import tiny_families
+
+    names = {f: TinyModelSpec(family=f).folder_name() for f in ("qwen3_next", "zamba2")}
+    monkeypatch.setitem(tiny_families.FAMILY_REVISION, "zamba2", tiny_families.FAMILY_REVISION["zamba2"] + 1)
+    assert TinyModelSpec(family="zamba2").folder_name() != names["zamba2"]
+    assert TinyModelSpec(family="qwen3_next").folder_name() == names["qwen3_next"]
