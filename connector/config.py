@@ -8,6 +8,11 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
     lease_s             HYBRID_PD_LEASE_S              120        how long P keeps blocks no decoder read, seconds
     ship_checkpoints    HYBRID_PD_SHIP_CHECKPOINTS     1          ship P's aligned Mamba checkpoint to D
     nixl_backend        HYBRID_PD_NIXL_BACKEND         UCX        UCX or LIBFABRIC
+    progress_thread     HYBRID_PD_NIXL_PROGRESS_THREAD 1          NIXL's own progress thread (0: the engine's
+                                                                  steps drive the transfers; CPU launchers)
+    idle_wait_ms        HYBRID_PD_IDLE_WAIT_MS         0          D: sleep this long in a step that computes
+                                                                  nothing while READs are in flight (CPU
+                                                                  launchers: 2)
                         VLLM_NIXL_SIDE_CHANNEL_HOST    127.0.0.1  where peers reach this engine's side channel
                         VLLM_NIXL_SIDE_CHANNEL_PORT    5600       its port (+ the TP rank)
                         HYBRID_PD_TRANSFER_RESULTS     (unset)    `legacy`: vLLM < 0.32's failed-load path
@@ -39,6 +44,8 @@ class ConnectorConfig:
     nixl_backend: str = "UCX"
     legacy_transfer_results: bool = False
     conv_state_layout: str | None = None
+    progress_thread: bool = True
+    idle_wait_ms: float = 0.0
 
     @classmethod
     def from_sources(cls, extra: Mapping[str, Any], env: Mapping[str, str]) -> ConnectorConfig:
@@ -61,12 +68,16 @@ class ConnectorConfig:
             lease_s=setting("lease_s", "HYBRID_PD_LEASE_S", 120.0, float),
             ship_checkpoints=setting("ship_checkpoints", "HYBRID_PD_SHIP_CHECKPOINTS", True, _flag),
             nixl_backend=nixl_backend(extra, env),  # checked in both roles: a typo fails at start-up
+            progress_thread=setting("progress_thread", "HYBRID_PD_NIXL_PROGRESS_THREAD", True, _flag),
+            idle_wait_ms=setting("idle_wait_ms", "HYBRID_PD_IDLE_WAIT_MS", 0.0, float),
             legacy_transfer_results=env.get("HYBRID_PD_TRANSFER_RESULTS") == "legacy",
             conv_state_layout=env.get("VLLM_SSM_CONV_STATE_LAYOUT"),
         )
         for name, value in (("read_timeout_s", config.read_timeout_s), ("lease_s", config.lease_s)):
             if not value > 0:
                 raise ConfigurationError(f"{name}={value}: must be > 0 seconds")
+        if not 0 <= config.idle_wait_ms <= 100:
+            raise ConfigurationError(f"idle_wait_ms={config.idle_wait_ms}: must be 0-100 ms")
         return config
 
 

@@ -101,6 +101,10 @@ class RemotePrefill(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     remote_num_tokens: int
     lease_s: float
     checkpoints: list[CheckpointRef] = []
+    # P's encoded `Handshake` per TP rank, so that D needs nothing from P's threads but the READ itself: a
+    # prefiller whose side-channel thread is starved on a shared core answered no handshake for tens of
+    # seconds (tests/bench/results/burst.md). Empty from a prefiller that has none: D asks its side channel.
+    handshakes: list[bytes] = []
     do_remote_prefill: bool = True
     do_remote_decode: bool = False
     hybrid_pd_version: int = PROTOCOL_VERSION

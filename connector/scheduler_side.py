@@ -61,6 +61,7 @@ class SchedulerSide:
         self._pinned: dict[str, list[int]] = {}  # request id -> checkpoint blocks we hold
         self._landing: dict[str, tuple[Any, list[Checkpoint]]] = {}  # D: checkpoints to register on success
         self._loading: dict[str, tuple[Any, int]] = {}  # D: request id -> (request, its local hit) while it loads
+        self.handshakes: list[bytes] = []  # P: each TP rank's encoded Handshake (from its worker at start-up)
 
     @property
     def ship_checkpoints(self) -> bool:
@@ -72,6 +73,14 @@ class SchedulerSide:
         return self.store
 
     # ---- P ----------------------------------------------------------------------------------------------
+    def set_handshakes(self, by_rank: dict[int, bytes]) -> None:
+        """P: the workers' handshakes, which every kv_transfer_params then carries (D then never waits on this
+        engine's side channel). Ranks must be 0..n-1; anything else leaves D to ask the side channel."""
+        if sorted(by_rank) != list(range(len(by_rank))):
+            log.warning("handshakes of TP ranks %s: not carried, decoders will ask the side channel", sorted(by_rank))
+            return
+        self.handshakes = [by_rank[r] for r in range(len(by_rank))]
+
     def on_new_request(self, request: Any) -> bool:
         """P: compute N-1 prompt tokens; D recomputes the last one from the state after N-1. True when the
         request's last prompt token must go now (vllm_request.drop_last_prompt_token: vLLM's private token
@@ -111,6 +120,7 @@ class SchedulerSide:
             remote_num_tokens=num_tokens,
             lease_s=self.lease_s,
             checkpoints=refs,
+            handshakes=self.handshakes,
         )
         return True, rp.to_params()
 
@@ -217,8 +227,9 @@ class SchedulerSide:
                 request.num_computed_tokens = hit
 
     # ---- both -------------------------------------------------------------------------------------------
-    def build_meta(self) -> StepMeta:
+    def build_meta(self, scheduled_tokens: int = 1) -> StepMeta:
         meta, self._meta = self._meta, StepMeta()
+        meta.idle = scheduled_tokens == 0 and bool(self._loading)
         return meta
 
     def on_transfer_results(

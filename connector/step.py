@@ -23,3 +23,4 @@ class StepMeta:
 
     loads: list[LoadJob] = dataclasses.field(default_factory=list)
     leases: dict[str, float] = dataclasses.field(default_factory=dict)  # P: request id -> lease seconds
+    idle: bool = False  # the step computes nothing: the worker may wait for its READs instead of spinning

@@ -111,14 +111,21 @@ def nixl_backend(extra: Mapping[str, Any], env: Mapping[str, str]) -> str:
 class NixlTransport:
     """A NIXL agent (UCX or LIBFABRIC backend) with a progress thread that sleeps `delay_us` between polls."""
 
-    def __init__(self, name: str, mem_type: str = "DRAM", delay_us: int | None = None, backend: str = "UCX"):
+    def __init__(
+        self,
+        name: str,
+        mem_type: str = "DRAM",
+        delay_us: int | None = None,
+        backend: str = "UCX",
+        progress_thread: bool = True,
+    ):
         from hybrid_pd.connector import nixl_delay
 
         nixl_delay.install(delay_us if delay_us is not None else int(os.environ.get("NIXL_PTHR_DELAY_US") or 1000))
         try:
             from nixl._api import nixl_agent, nixl_agent_config
 
-            self.agent = nixl_agent(name, nixl_agent_config(backends=[backend]))
+            self.agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=progress_thread, backends=[backend]))
         except Exception as e:  # NIXL raises bare RuntimeError/nixlBind errors: map them here
             raise TransportError(f"cannot create NIXL agent {name} ({backend} backend): {e}") from e
         self.name, self.mem_type = name, mem_type

@@ -15,6 +15,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorWorkerMetadata,
@@ -38,6 +39,14 @@ log = logging.getLogger("vllm.hybrid_pd.connector")
 class HybridPDMetadata(KVConnectorMetadata):
     def __init__(self, step: StepMeta):
         self.step = step
+
+
+class EncodedHandshake(KVConnectorHandshakeMetadata):
+    """Worker -> its engine core at start-up (vLLM's handshake-metadata RPC): the worker's encoded `Handshake`,
+    which the scheduler side then puts into every kv_transfer_params it returns."""
+
+    def __init__(self, payload: bytes):
+        self.payload = payload
 
 
 class FailedLoads(KVConnectorWorkerMetadata):
@@ -144,8 +153,13 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         _scheduler(self).update_state_after_alloc(request, blocks.get_block_ids(), num_external_tokens)
 
+    def set_xfer_handshake_metadata(self, metadata) -> None:
+        _scheduler(self).set_handshakes(
+            {rank: m.payload for rank, m in metadata.items() if isinstance(m, EncodedHandshake)}
+        )
+
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
-        return HybridPDMetadata(_scheduler(self).build_meta())
+        return HybridPDMetadata(_scheduler(self).build_meta(scheduler_output.total_num_scheduled_tokens))
 
     def update_connector_output(self, connector_output) -> None:
         # vLLM calls this before it acts on finished_recving, so a failed load can still be rewound
@@ -209,7 +223,12 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 storage = t.untyped_storage()
                 ranges[storage.data_ptr()] = storage.nbytes()
                 mem_type = "DRAM" if t.device.type == "cpu" else "VRAM"
-        transport = NixlTransport(f"{self.engine_id}-{tp_rank}", mem_type=mem_type, backend=self.nixl_backend)
+        transport = NixlTransport(
+            f"{self.engine_id}-{tp_rank}",
+            mem_type=mem_type,
+            backend=self.nixl_backend,
+            progress_thread=self.config.progress_thread,
+        )
         transport.register(sorted(ranges.items()))
         local = Handshake(
             PROTOCOL_VERSION,
@@ -229,7 +248,13 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 for t in by_group.get(run.group, ()):
                     t[run.local_start : run.local_start + run.count].zero_()
 
-        self.worker = WorkerSide(transport, local, read_timeout_s=self.read_timeout_s, clear_blocks=clear_blocks)
+        self.worker = WorkerSide(
+            transport,
+            local,
+            read_timeout_s=self.read_timeout_s,
+            idle_wait_s=self.config.idle_wait_ms / 1000,
+            clear_blocks=clear_blocks,
+        )
         server = self._server = SideChannelServer(self.host, self.port + tp_rank, encode(local))
         log.info(
             "hybrid-pd worker %s: %d regions in %d ranges, side channel %s",
@@ -238,6 +263,9 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             len(ranges),
             server.address,
         )
+
+    def get_handshake_metadata(self):
+        return None if self.worker is None else EncodedHandshake(encode(self.worker.local))
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         if self.worker is not None and self.has_connector_metadata():

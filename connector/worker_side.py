@@ -73,21 +73,25 @@ class WorkerSide:
         *,
         read_timeout_s: float = 30.0,
         handshake_timeout_s: float = 5.0,
+        idle_wait_s: float = 0.0,
         fetch: Callable[[str, int, float], bytes] = fetch_handshake,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
         clear_blocks: Callable[[Sequence[Run]], None] | None = None,
     ):
         self.transport, self.local = transport, local
         self._clear_blocks = clear_blocks  # zeroes local blocks (vLLM zeroes fresh blocks; a failed READ may
         # have landed in part, and the blocks of a load vLLM zeroes never)
         self.read_timeout_s, self.handshake_timeout_s = read_timeout_s, handshake_timeout_s
-        self._fetch, self._clock = fetch, clock
+        self.idle_wait_s = idle_wait_s
+        self._fetch, self._clock, self._sleep = fetch, clock, sleep
         self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="hybrid-pd-handshake")
         self._peers: dict[tuple[str, str, int], _Peer] = {}
         self._active: dict[str, _Active] = {}
         self._leases: dict[str, float] = {}  # P: request id -> deadline
         self._early: dict[str, float] = {}  # P: notifications that arrived before the lease did
         self.stats: list[TransferStats] = []
+        self._idle = False
 
     # ---- D: loads ---------------------------------------------------------------------------------------
     def _peer(self, remote: RemotePrefill) -> _Peer:
@@ -98,19 +102,11 @@ class WorkerSide:
         return peer
 
     def _handshake(self, remote: RemotePrefill) -> tuple[Handshake, str]:
-        """Fetch and check the peer's handshake, asking again while it is silent (a prefiller whose threads are
-        starved on a shared core answers late, not never) until the READ deadline: the loads waiting for it
-        fail at that deadline anyway. A peer that is down (nothing listens) fails at once."""
+        """Check the peer's handshake and add its agent: the one its kv_transfer_params carry, so that nothing
+        waits on the prefiller's threads; from an older prefiller, the one its side channel answers."""
         port = remote.remote_port + self.local.tp_rank
-        give_up = self._clock() + self.read_timeout_s
-        while True:
-            try:
-                raw = self._fetch(remote.remote_host, port, self.handshake_timeout_s)
-                break
-            except HandshakeTimeout as e:
-                if self._clock() + self.handshake_timeout_s > give_up:
-                    raise
-                log.warning("%s; asking again (until the READ deadline, %g s)", e, self.read_timeout_s)
+        rank = self.local.tp_rank
+        raw = remote.handshakes[rank] if rank < len(remote.handshakes) else self._ask(remote.remote_host, port)
         theirs = decode_handshake(raw)
         if theirs.engine_id != remote.remote_engine_id:
             raise ConnectorError(
@@ -119,6 +115,20 @@ class WorkerSide:
             )
         theirs.check_compatible(self.local)
         return theirs, self.transport.add_peer(theirs.agent_metadata)
+
+    def _ask(self, host: str, port: int) -> bytes:
+        """The side channel, for a prefiller whose kv_transfer_params carry no handshake (an older release),
+        asking again while it is silent (a prefiller whose threads are starved on a shared core answers late,
+        not never) until the READ deadline: the loads waiting for it fail then anyway. A peer that is down
+        (nothing listens) fails at once."""
+        give_up = self._clock() + self.read_timeout_s
+        while True:
+            try:
+                return self._fetch(host, port, self.handshake_timeout_s)
+            except HandshakeTimeout as e:
+                if self._clock() + self.handshake_timeout_s > give_up:
+                    raise
+                log.warning("%s; asking again (until the READ deadline, %g s)", e, self.read_timeout_s)
 
     def _forget(self, remote: RemotePrefill) -> None:
         self._peers.pop((remote.remote_engine_id, remote.remote_host, remote.remote_port), None)
@@ -137,6 +147,7 @@ class WorkerSide:
                     pass
         for req_id, lease_s in meta.leases.items():
             self._leases[req_id] = now + lease_s
+        self._idle = meta.idle
 
     def _advance(self, act: _Active) -> bool:
         """Move one job forward; True when it finished successfully. Raises ConnectorError on failure."""
@@ -234,6 +245,12 @@ class WorkerSide:
                     stats.seconds = self._clock() - (act.posted or act.started)
                     self.stats.append(stats)
         self._poll_leases(results, now)
+        landed = results.finished_recving or results.failed_recving
+        if self.idle_wait_s and self._idle and self._active and not landed:
+            # a step with nothing to compute, only READs in flight: vLLM would step again at once, and a
+            # decoder spinning so starved a prefiller on a shared core of the CPU the READ's set-up needed
+            self._sleep(self.idle_wait_s)
+        self._idle = False
         return results
 
     # ---- P: leases --------------------------------------------------------------------------------------

@@ -193,9 +193,15 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
 
         def warm() -> None:
             sizes = plan(lengths, config.max_model_len, watch.block)
-            print(f"[hybrid-pd] warming up: {len(sizes) * 4} requests, then {CONCURRENT} at once", flush=True)
+            print(f"[hybrid-pd] warming up: {len(sizes) * 5} requests at most, then {CONCURRENT} at once", flush=True)
             try:
-                done = warm_up(config.url, config.served_model_name or config.model, config.model, sizes)
+                done = warm_up(
+                    config.url,
+                    config.served_model_name or config.model,
+                    config.model,
+                    sizes,
+                    max_model_len=config.max_model_len,
+                )
             except Exception as e:  # a warm-up is an optimisation: never leave vLLM behind for it
                 print(f"[hybrid-pd] warm-up stopped: {e!r}", flush=True)
                 return

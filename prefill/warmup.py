@@ -6,11 +6,15 @@ bucket. On a fresh machine the first such requests took 1.0-1.9 s instead of 70-
 shapes, deploy/gpu/results/2026-11-23-h100-qwen3next), and every pod start is a fresh machine unless the
 kernel cache is kept on a volume. The launcher therefore sends, once vLLM's /health answers, a few untimed
 requests through vLLM's own API (per warm-up length, a prompt of that length and one 13 tokens longer, each from
-scratch and then extended, which starts from its aligned checkpoint; then 8 requests at once, half of them
-extending those prompts, half new), and only then writes its ready file, which the Kubernetes readiness probe
+scratch and then extended, which starts from its aligned checkpoint; the prompt of that length once more,
+doubled, so that a long tail is computed from a cached state; then 8 requests at once, half of them extending
+those prompts, half new), and only then writes its ready file, which the Kubernetes readiness probe
 checks. The batch is there because batches of several prompts compile kernels of their own: on two H200s
 (deploy/gpu/results/2026-11-24-h200x2-qwen3next) every set-up, warmed one request at a time, stalled 0.7-1.6 s on
 its first busy moment. Prompts are token ids drawn from a per-start seed, so no client prompt shares them.
+The doubled prompt is there because a 64-token twin does not compile the kernels of a long prefill that starts
+from a state: with the other requests only, the one cold turn left on the first engine of a fresh H100 was 2,832
+tokens after a 5,440-token hit (836 ms; deploy/gpu/results/2026-11-24-h100-qwen3next-r3).
 
 The requests also vary how they sample (SAMPLERS): vLLM's sampler compiles with torch.compile on first use the
 rank count behind `logprobs` (`batched_count_greater_than`) and the random draw behind temperature > 0
@@ -102,6 +106,7 @@ def warm_up(
     lengths: list[int],
     seed: int | None = None,
     timeout: float = 600.0,
+    max_model_len: int | None = None,
 ) -> list[WarmupRequest]:
     """Send each warm-up request in turn, then the concurrent batch; return what each took (an error is recorded,
     not raised: a worker that cannot serve fails its clients' requests and its health check, which say more than
@@ -118,7 +123,10 @@ def warm_up(
             prompt = draw(size)
             twin = prompt + draw(EXTEND_TOKENS + (size - n))
             scratch.append(prompt)
-            for label, tokens in ((f"{size} tokens", prompt), (f"{len(twin)} after {size}", twin)):
+            sends = [(f"{size} tokens", prompt), (f"{len(twin)} after {size}", twin)]
+            if size == n and max_model_len is not None and 2 * n + MAX_TOKENS <= max_model_len:
+                sends.append((f"{2 * n} after {n}", prompt + draw(n)))  # a long tail from a cached state
+            for label, tokens in sends:
                 sampler = SAMPLERS[len(done) % len(SAMPLERS)]
                 done.append(_complete(url, served_name, label, tokens, timeout, sampler))
     if lengths:

@@ -308,6 +308,12 @@ class WorkerConfig:
             env.setdefault("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "on")
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
+            # Where engines share cores, NIXL's progress thread on D spun in the kernel while it set up its
+            # first READ from P, and D's worker stepped non-stop while waiting: P's threads, which that set-up
+            # needs, got no CPU and every load failed (tests/bench/results/burst.md). On one host the READ
+            # itself is one-sided (UCX cma), so the engines' steps can drive NIXL, and D sleeps in idle steps.
+            env.setdefault("HYBRID_PD_NIXL_PROGRESS_THREAD", "0")
+            env.setdefault("HYBRID_PD_IDLE_WAIT_MS", "2")
             if self.cpu_bind is not None:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind
                 env["HYBRID_PD_KEEP_AFFINITY"] = "1"  # prefill/affinity_guard.py: vLLM's NixlConnector moves threads

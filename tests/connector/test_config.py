@@ -13,9 +13,10 @@ def test_defaults():
 def test_extra_config_wins_over_the_environment():
     env = {"HYBRID_PD_READ_TIMEOUT_S": "5", "HYBRID_PD_LEASE_S": "10", "HYBRID_PD_SHIP_CHECKPOINTS": "no",
            "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5610",
-           "HYBRID_PD_TRANSFER_RESULTS": "legacy", "VLLM_SSM_CONV_STATE_LAYOUT": "DS"}
+           "HYBRID_PD_TRANSFER_RESULTS": "legacy", "VLLM_SSM_CONV_STATE_LAYOUT": "DS",
+           "HYBRID_PD_NIXL_PROGRESS_THREAD": "0", "HYBRID_PD_IDLE_WAIT_MS": "2"}
     from_env = ConnectorConfig.from_sources({}, env)
-    assert from_env == ConnectorConfig("10.0.0.7", 5610, 5.0, 10.0, False, "UCX", True, "DS")
+    assert from_env == ConnectorConfig("10.0.0.7", 5610, 5.0, 10.0, False, "UCX", True, "DS", False, 2.0)
     both = ConnectorConfig.from_sources({"read_timeout_s": 7, "ship_checkpoints": True,
                                          "nixl_backend": "LIBFABRIC"}, env)
     assert (both.read_timeout_s, both.lease_s, both.ship_checkpoints, both.nixl_backend) == (7.0, 10.0, True,
@@ -28,6 +29,8 @@ def test_extra_config_wins_over_the_environment():
     ({}, {"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, "VLLM_NIXL_SIDE_CHANNEL_PORT='x'"),
     ({"lease_s": 0}, {}, "lease_s=0"),
     ({"nixl_backend": "GDS"}, {}, "nixl_backend='GDS'"),
+    ({}, {"HYBRID_PD_IDLE_WAIT_MS": "2ms"}, "HYBRID_PD_IDLE_WAIT_MS='2ms'"),
+    ({"idle_wait_ms": 500}, {}, "idle_wait_ms=500"),
 ])
 def test_a_bad_value_names_its_key(extra, env, named):
     with pytest.raises(ConfigurationError, match=named.replace("(", r"\(")):

@@ -73,6 +73,27 @@ def test_prefiller_cuts_one_token_and_returns_params_with_a_pinned_checkpoint():
     assert p.request_finished(req2, ([1], [2]), finished_ok=False) == (False, None)
 
 
+def test_prefiller_params_carry_each_ranks_handshake_through_json():
+    """The workers' handshakes reach the scheduler side at start-up and ride in every kv_transfer_params, through
+    the proxy's JSON (bytes as base64) back to the bytes D decodes; ranks that are not 0..n-1 are not carried."""
+    import json
+
+    from hybrid_pd.connector.messages import parse_remote_prefill
+
+    p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS)
+    p.set_handshakes({1: b"rank-1\x00\xff", 0: b"rank-0"})
+    req = request(11, {"do_remote_decode": True})
+    req.num_computed_tokens = 10
+    _, params = p.request_finished(req, ([0, 0, 3], [5, 6, 7]), finished_ok=True)
+    wire = json.loads(json.dumps(params | {"do_remote_prefill": True, "do_remote_decode": False}))
+    assert parse_remote_prefill(wire).handshakes == [b"rank-0", b"rank-1\x00\xff"]
+    p.set_handshakes({0: b"a", 2: b"c"})  # a rank missing: D asks the side channels
+    assert p.handshakes == [b"rank-0", b"rank-1\x00\xff"]
+    p2 = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS)
+    p2.set_handshakes({0: b"a", 2: b"c"})
+    assert p2.handshakes == []
+
+
 def remote_params(**over) -> dict:
     base = dict(remote_engine_id="P", remote_request_id="p-r1", remote_host="h", remote_port=7,
                 remote_block_ids=[[0, 0, 3], [5, 6, 7]], remote_num_tokens=10, lease_s=9,
@@ -165,12 +186,12 @@ def pair(**kw):
 PLAN_RUNS = (Run(1, 2, 5, 2), Run(0, 7, 3))
 
 
-def load_job(d_req="r1", plan_runs=PLAN_RUNS):
+def load_job(d_req="r1", plan_runs=PLAN_RUNS, handshakes=()):
     from hybrid_pd.connector.messages import RemotePrefill
     from hybrid_pd.connector.plan import TransferPlan
     from hybrid_pd.connector.worker_side import LoadJob
 
-    rp = RemotePrefill("P", "p-" + d_req, "h", 7, [[0]], 8, 9)
+    rp = RemotePrefill("P", "p-" + d_req, "h", 7, [[0]], 8, 9, handshakes=list(handshakes))
     return LoadJob(d_req, rp, TransferPlan(tuple(plan_runs), 8))
 
 
@@ -280,6 +301,47 @@ def test_a_silent_side_channel_is_asked_again_until_the_read_deadline():
     clock, src, dst, p, pt, d, dt = pair(fetch=down, read_timeout_s=30, handshake_timeout_s=5)
     d.start(StepMeta(loads=[load_job()]))
     assert drive(d).failed_recving == {"r1"} and len(tries) == 1
+
+
+def test_a_handshake_carried_in_the_params_needs_nothing_from_the_side_channel():
+    """P puts its handshake into kv_transfer_params, so a prefiller whose side-channel thread gets no CPU still
+    feeds D (on a shared core it did not answer for 25 s, every time: tests/bench/results/burst.md)."""
+    asked = []
+
+    def fetch(host, port, timeout):
+        asked.append(port)
+        raise HandshakeTimeout("no handshake within 5 s")
+
+    clock, src, dst, p, pt, d, dt = pair(fetch=fetch)
+    d.start(StepMeta(loads=[load_job(handshakes=[encode(p.local)])]))
+    res = drive(d)
+    assert res.finished_recving == {"r1"} and not res.failed_recving and asked == []
+    a = NBLOCKS * PAGE
+    assert (dst[a + 2 * PAGE:a + 4 * PAGE] == src[a + 5 * PAGE:a + 7 * PAGE]).all()
+    d.start(StepMeta(loads=[load_job("r2")]))  # an older prefiller's params: D asks its side channel
+    assert drive(d, rounds=3).failed_recving == set() and asked == []  # known peer: no new handshake
+
+
+def test_an_idle_step_sleeps_while_its_reads_are_in_flight():
+    """A step that computes nothing with READs in flight sleeps `idle_wait_s` instead of letting vLLM step again
+    at once; a step with work, or one whose READ landed, does not."""
+    slept: list[float] = []
+    clock, src, dst, p, pt, d, dt = pair(idle_wait_s=0.002, sleep=slept.append)
+    dt.stall_reads = True
+    d.start(StepMeta(loads=[load_job()], idle=True))
+    d.poll()
+    d.poll()  # the flag is the step's: the next poll without a new idle step does not sleep
+    d.start(StepMeta(idle=False))
+    d.poll()
+    assert slept == [0.002]
+    dt.stall_reads = False
+    d.start(StepMeta(idle=True))
+    assert d.poll().finished_recving == {"r1"} and slept == [0.002]
+    clock2, src2, dst2, p2, pt2, d2, dt2 = pair(sleep=slept.append)  # idle_wait_s 0 (GPU default): never
+    dt2.stall_reads = True
+    d2.start(StepMeta(loads=[load_job()], idle=True))
+    d2.poll()
+    assert slept == [0.002]
 
 
 def test_lease_expiry_and_early_notifications_free_the_prefiller_blocks():

@@ -34,8 +34,8 @@ def test_broken_configuration_is_refused_before_vllm_starts(tiny_model):
 
 def test_the_launcher_warms_its_engine_up_then_writes_its_ready_file(tiny_model, launch, tmp_path):
     """The warm-up (a prompt from scratch, then the same prompt extended: a prefix hit from its aligned
-    checkpoint; then a batch at once) runs through vLLM before the ready file exists, and the file goes at
-    SIGTERM."""
+    checkpoint; the prompt doubled: a long tail from that checkpoint; then a batch at once) runs through vLLM
+    before the ready file exists, and the file goes at SIGTERM."""
     ready = tmp_path / "ready"
     port = free_port()
     argv = worker_argv("decode", connector="none", port=port, cpu_bind="1", model=tiny_model,
@@ -45,12 +45,13 @@ def test_the_launcher_warms_its_engine_up_then_writes_its_ready_file(tiny_model,
     text = worker.log_path.read_text()
     assert "healthy at" in text and text.index("healthy at") < text.index("[hybrid-pd] warm-up: 300 tokens")
     said = text.split("[hybrid-pd] warm-up:")[1].split("\n")[0]
-    assert "364 after 300" in said and "313 tokens" in said and "390 after 313" in said and "failed" not in said
+    assert "364 after 300" in said and "600 after 300" in said and "313 tokens" in said and "390 after 313" in said
+    assert "626 after 313" not in said and "failed" not in said  # one doubled prompt per asked length
     batch = batch_sizes(300, [300, 313])  # then 8 at once: 4 extend the 300- and 313-token prompts, 4 are new
     assert f"{CONCURRENT} at once ({sum(size for _, size in batch):,} tokens)" in said
     metrics = scrape_metrics(worker.url)
-    assert metric_sum(metrics, "vllm:prompt_tokens_total") == 300 + 364 + 313 + 390 + sum(size for _, size in batch)
-    hits = 2 + sum(base is not None for base, _ in batch)  # each from an aligned block (256) of the CPU tiny model
+    assert metric_sum(metrics, "vllm:prompt_tokens_total") == 300 + 364 + 600 + 313 + 390 + sum(s for _, s in batch)
+    hits = 3 + sum(base is not None for base, _ in batch)  # each from an aligned block (256) of the CPU tiny model
     assert metric_sum(metrics, "vllm:prefix_cache_hits_total") == hits * 256
     assert worker.stop() == []
     assert not ready.exists()

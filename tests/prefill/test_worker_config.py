@@ -63,7 +63,8 @@ def test_prefill_command_carries_every_validated_setting(hybrid_model):
                    "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
                    "NIXL_PTHR_DELAY_US": "1000", "UCX_RCACHE_MAX_UNRELEASED": "1024",
                    "UCX_NET_DEVICES": "lo", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0",
-                   "HYBRID_PD_KEEP_AFFINITY": "1"}
+                   "HYBRID_PD_KEEP_AFFINITY": "1", "HYBRID_PD_NIXL_PROGRESS_THREAD": "0",
+                   "HYBRID_PD_IDLE_WAIT_MS": "2"}
     assert cfg.warnings == ()
 
 
