@@ -266,14 +266,16 @@ def test_prefiller_frees_every_block_once_decoder_is_done(engines):
 
 @pytest.mark.parametrize("decoder", ["d", "d_legacy"])
 def test_a_failed_load_is_computed_on_the_decoder_never_decoded_from_unloaded_blocks(engines, reference, decoder):
-    """P's params point D at a side channel where nobody answers: the READ never happens. D must compute the
-    prompt itself (from its own hit where it has one) and answer exactly as one engine, on vLLM >= 0.32's
-    per-request failure channel and on the older path (failure rewound by the scheduler side)."""
+    """P's params carry no handshake (as an older prefiller's) and point D at a side channel where nobody
+    answers: the READ never happens. D must compute the prompt itself (from its own hit where it has one) and
+    answer exactly as one engine, on vLLM >= 0.32's per-request failure channel and on the older path (failure
+    rewound by the scheduler side)."""
     urls = engines.up("p", decoder)
 
     def failed_pd(prompt: str) -> str:
         p_resp = complete(urls["p"], prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
-        params = {**p_resp["kv_transfer_params"], "remote_port": free_port()}
+        assert p_resp["kv_transfer_params"]["handshakes"]  # P's own handshake rides along (base64)
+        params = {**p_resp["kv_transfer_params"], "remote_port": free_port(), "handshakes": []}
         before = d_metrics(urls[decoder])
         d_resp = complete(urls[decoder], prompt, kv_transfer_params=params)
         assert delta(before, d_metrics(urls[decoder]))["hybrid_pd_failed_transfers_total"] == 1

@@ -35,9 +35,10 @@ def test_an_unknown_backend_is_refused_naming_the_setting(extra, env, named):
 def test_the_chosen_backend_reaches_the_nixl_agent_config(monkeypatch):
     seen = []
     fake = types.ModuleType("nixl._api")
-    fake.nixl_agent_config = lambda backends: seen.append(backends) or object()
+    fake.nixl_agent_config = lambda backends, enable_prog_thread: seen.append((backends, enable_prog_thread)) or 1
     fake.nixl_agent = lambda name, config: types.SimpleNamespace(name=name)
     monkeypatch.setitem(sys.modules, "nixl._api", fake)
     monkeypatch.setattr(nixl_delay, "install", lambda delay_us=None: False)
     NixlTransport("efa-test", backend="LIBFABRIC")
-    assert seen == [["LIBFABRIC"]]
+    NixlTransport("cpu-test", progress_thread=False)  # the CPU launchers' setting (HYBRID_PD_NIXL_PROGRESS_THREAD=0)
+    assert seen == [(["LIBFABRIC"], True), (["UCX"], False)]
