@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from .config_sections import AdmissionConfig
+from .config.sections import AdmissionConfig
 from .errors import Overloaded
 from .metrics import ProxyMetrics
 from .timers import expire

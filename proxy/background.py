@@ -11,7 +11,7 @@ import logging
 import zmq.asyncio
 
 from .health import health_loop
-from .kv_subscriber import subscribe
+from .kv.subscriber import subscribe
 from .state import ProxyState
 from .workers import Worker
 
@@ -34,7 +34,7 @@ class Background:
         if s.config.health.interval_s > 0:
             self.tasks.append(asyncio.create_task(health_loop(s), name="health"))
         if s.config.discovery == "k8s":
-            from .discovery_k8s import discovery_loop
+            from .discovery.k8s import discovery_loop
 
             self.tasks.append(asyncio.create_task(discovery_loop(s), name="k8s-discovery"))
 

@@ -8,7 +8,7 @@ a candidate, one cost model in prefill tokens decides (`local_is_cheaper`).
 
 from __future__ import annotations
 
-from .config_sections import DisaggConfig
+from .config.sections import DisaggConfig
 
 REMOTE = "remote"
 REMOTE_DECODER_BUSY = "remote_decoder_busy"

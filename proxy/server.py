@@ -19,7 +19,7 @@ import sys
 
 from .app import serve_in_background
 from .config import ProxyConfig
-from .config_sources import load_config
+from .config.sources import load_config
 from .errors import ConfigError
 
 log = logging.getLogger("hybrid_pd.proxy")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .admission import Admission
 from .config import ProxyConfig
-from .kv_index import KVIndex
+from .kv.index import KVIndex
 from .metrics import ProxyMetrics
 from .routing import Deps, Router
 from .upstream import Upstream

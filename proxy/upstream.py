@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import aiohttp
 import msgspec
 
-from .config_sections import Timeouts
+from .config.sections import Timeouts
 from .errors import HTTPClientError, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .http.client import HTTPPool
 from .http.response import Leave, Response

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .config_sections import WorkerSpec, same_engine
+from .config.sections import WorkerSpec, same_engine
 
 Role = Literal["prefill", "decode"]
 log = logging.getLogger("hybrid_pd.proxy")

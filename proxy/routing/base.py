@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..block_hash import chained_block_hashes
-from ..config_sections import KVIndexConfig
-from ..kv_index import KVIndex
+from ..config.sections import KVIndexConfig
+from ..kv.block_hash import chained_block_hashes
+from ..kv.index import KVIndex
 from ..workers import Worker
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..config_sections import Policy
+from ..config.sections import Policy
 from ..errors import NoHealthyWorker
 from ..workers import Worker
 from .base import Deps, RequestContext

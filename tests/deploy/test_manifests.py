@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 
 from hybrid_pd.prefill.cli import add_worker_args, config_from_args
-from hybrid_pd.proxy.config_sources import load_config
+from hybrid_pd.proxy.config.sources import load_config
 from tests.support.k8s_policy import (
     INSTANCE,
     K8S,

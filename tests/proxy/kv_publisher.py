@@ -7,8 +7,8 @@ import asyncio
 import zmq
 import zmq.asyncio
 
-from hybrid_pd.proxy.kv_events import KVEventBatch, encode_frames
-from hybrid_pd.proxy.kv_index import KVIndex
+from hybrid_pd.proxy.kv.events import KVEventBatch, encode_frames
+from hybrid_pd.proxy.kv.index import KVIndex
 
 
 class FakePublisher:

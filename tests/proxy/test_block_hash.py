@@ -9,7 +9,7 @@ import vllm.v1.core.kv_cache_utils as kv_cache_utils
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid_pd.proxy.block_hash import as_int_hash, cbor_canonical, chained_block_hashes
+from hybrid_pd.proxy.kv.block_hash import as_int_hash, cbor_canonical, chained_block_hashes
 
 ALGOS = {"sha256": hashing.sha256, "sha256_cbor": hashing.sha256_cbor}
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hybrid_pd.proxy.config import ProxyConfig, WorkerSpec, parse_policy
-from hybrid_pd.proxy.config_sources import load_config
+from hybrid_pd.proxy.config.sources import load_config
 from hybrid_pd.proxy.errors import ConfigError
 
 D = ["--decode", "http://127.0.0.1:8200"]

@@ -12,8 +12,8 @@ import pytest
 
 from hybrid_pd.proxy.app import serve_in_background
 from hybrid_pd.proxy.config import K8sConfig, ProxyConfig, WorkerSpec
-from hybrid_pd.proxy.discovery_k8s import DiscoveryError, K8sDiscovery
-from hybrid_pd.proxy.endpointslices import merge
+from hybrid_pd.proxy.discovery.endpointslices import merge
+from hybrid_pd.proxy.discovery.k8s import DiscoveryError, K8sDiscovery
 from tests.proxy.fake_k8s_api import FakeK8sAPI, endpoint, endpoint_slice
 from tests.proxy.fakes import run
 

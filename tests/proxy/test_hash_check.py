@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from hybrid_pd.proxy.block_hash import as_int_hash, chained_block_hashes
-from hybrid_pd.proxy.hash_check import CANNOT_TELL, hash_granularity
-from hybrid_pd.proxy.kv_events import BlockStored, KVEventBatch
-from hybrid_pd.proxy.kv_index import KVIndex
+from hybrid_pd.proxy.kv.block_hash import as_int_hash, chained_block_hashes
+from hybrid_pd.proxy.kv.events import BlockStored, KVEventBatch
+from hybrid_pd.proxy.kv.hash_check import CANNOT_TELL, hash_granularity
+from hybrid_pd.proxy.kv.index import KVIndex
 
 TOKENS = list(range(300, 332))
 

@@ -10,7 +10,7 @@ import pytest
 import vllm.distributed.kv_events as vk  # a moved module fails loudly, never skips
 import zmq.asyncio
 
-from hybrid_pd.proxy.kv_events import (
+from hybrid_pd.proxy.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -18,8 +18,8 @@ from hybrid_pd.proxy.kv_events import (
     decode_frames,
     encode_frames,
 )
-from hybrid_pd.proxy.kv_index import KVIndex
-from hybrid_pd.proxy.kv_subscriber import subscribe
+from hybrid_pd.proxy.kv.index import KVIndex
+from hybrid_pd.proxy.kv.subscriber import subscribe
 from hybrid_pd.proxy.metrics import ProxyMetrics
 from hybrid_pd.proxy.workers import Worker
 from tests.proxy.fakes import run

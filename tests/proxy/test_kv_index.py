@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hybrid_pd.proxy.block_hash import as_int_hash, chained_block_hashes
-from hybrid_pd.proxy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from hybrid_pd.proxy.kv_index import KVIndex
+from hybrid_pd.proxy.kv.block_hash import as_int_hash, chained_block_hashes
+from hybrid_pd.proxy.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from hybrid_pd.proxy.kv.index import KVIndex
 
 TOKENS = list(range(500, 532))  # 32 tokens
 H4 = chained_block_hashes(TOKENS, 4)  # 8 hashes at granularity 4

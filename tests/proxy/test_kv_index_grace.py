@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hybrid_pd.proxy.kv_index import KVIndex
+from hybrid_pd.proxy.kv.index import KVIndex
 
 
 class Clock:

@@ -7,8 +7,8 @@ import contextlib
 
 import aiohttp
 
-from hybrid_pd.proxy.block_hash import chained_block_hashes
-from hybrid_pd.proxy.kv_events import BlockStored, KVEventBatch
+from hybrid_pd.proxy.kv.block_hash import chained_block_hashes
+from hybrid_pd.proxy.kv.events import BlockStored, KVEventBatch
 from tests.proxy.fakes import FakeWorker, metric_value, run, tokens_of
 from tests.proxy.kv_publisher import FakePublisher
 
@@ -137,7 +137,7 @@ def test_short_prompts_prefill_on_the_decoder():
 
 def test_removed_blocks_and_restarts_update_the_index():
     async def body():
-        from hybrid_pd.proxy.kv_events import AllBlocksCleared, BlockRemoved
+        from hybrid_pd.proxy.kv.events import AllBlocksCleared, BlockRemoved
 
         async with kv_cluster() as (proxy, p, d1, d2, pubs):
             idx = proxy.state.kv_index
@@ -184,7 +184,7 @@ def test_a_removed_worker_loses_its_subscription_and_index():
 
 
 def test_endpoint_modes():
-    from hybrid_pd.proxy.kv_subscriber import endpoint_mode
+    from hybrid_pd.proxy.kv.subscriber import endpoint_mode
 
     assert endpoint_mode("tcp://127.0.0.1:5700") == ("bind", "tcp://127.0.0.1:5700")
     assert endpoint_mode("tcp://10.1.2.3:5700") == ("connect", "tcp://10.1.2.3:5700")

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 
 from hybrid_pd.proxy.app import serve_in_background
-from hybrid_pd.proxy.block_hash import chained_block_hashes
 from hybrid_pd.proxy.config import ProxyConfig
+from hybrid_pd.proxy.kv.block_hash import chained_block_hashes
 from tests.proxy.fakes import run
 from tests.support.conversation import text_of
 from tests.support.procs import free_port, worker_argv

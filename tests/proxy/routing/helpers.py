@@ -1,7 +1,7 @@
 """Workers and contexts for the routing plugin tests."""
 
 from hybrid_pd.proxy.config import KVIndexConfig
-from hybrid_pd.proxy.kv_index import KVIndex
+from hybrid_pd.proxy.kv.index import KVIndex
 from hybrid_pd.proxy.routing import Deps
 from hybrid_pd.proxy.workers import Worker
 

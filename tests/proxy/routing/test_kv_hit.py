@@ -1,6 +1,6 @@
-from hybrid_pd.proxy.block_hash import chained_block_hashes
-from hybrid_pd.proxy.kv_events import BlockStored, KVEventBatch
-from hybrid_pd.proxy.kv_index import KVIndex
+from hybrid_pd.proxy.kv.block_hash import chained_block_hashes
+from hybrid_pd.proxy.kv.events import BlockStored, KVEventBatch
+from hybrid_pd.proxy.kv.index import KVIndex
 from hybrid_pd.proxy.routing import RequestContext
 from hybrid_pd.proxy.routing.kv_hit import KVHitScorer
 from tests.proxy.routing.helpers import deps, workers

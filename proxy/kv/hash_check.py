@@ -10,7 +10,7 @@ configured --kv-hash-algo / --kv-hash-seed.
 from __future__ import annotations
 
 from .block_hash import HASH_FUNCTIONS, as_int_hash, none_hash
-from .kv_events import BlockStored
+from .events import BlockStored
 
 CANNOT_TELL = 0
 

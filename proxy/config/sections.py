@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .block_hash import DEFAULT_NONE_HASH_SEED
+from ..kv.block_hash import DEFAULT_NONE_HASH_SEED
 
 HashAlgo = Literal["sha256", "sha256_cbor"]
 

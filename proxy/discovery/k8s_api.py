@@ -22,8 +22,8 @@ from urllib.parse import urlencode
 import aiohttp
 import msgspec
 
-from .config_sections import K8sConfig
-from .errors import UpstreamError
+from ..config.sections import K8sConfig
+from ..errors import UpstreamError
 
 _decoder = msgspec.json.Decoder()
 MAX_EVENT_BYTES = 64 * 1024 * 1024  # one slice holds at most 1,000 endpoints: far below this

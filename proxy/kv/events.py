@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import UpstreamError
+from ..errors import UpstreamError
 
 BlockHashKey = bytes | int  # sha256 bytes, or an int with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1
 

@@ -23,10 +23,10 @@ import logging
 import zmq
 import zmq.asyncio
 
-from .kv_events import EventDecodeError, decode_frames
-from .kv_index import KVIndex
-from .metrics import ProxyMetrics
-from .workers import Worker
+from ..metrics import ProxyMetrics
+from ..workers import Worker
+from .events import EventDecodeError, decode_frames
+from .index import KVIndex
 
 log = logging.getLogger("hybrid_pd.proxy")
 

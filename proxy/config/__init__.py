@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from .block_hash import DEFAULT_NONE_HASH_SEED
-from .config_sections import (
+from ..errors import ConfigError
+from ..kv.block_hash import DEFAULT_NONE_HASH_SEED
+from .sections import (
     AdmissionConfig,
     DisaggConfig,
     DrainConfig,
@@ -27,7 +28,6 @@ from .config_sections import (
     WorkerSpec,
     same_engine,
 )
-from .errors import ConfigError
 
 # The sections are importable from here too (config_sections.py holds them so that components import no cycle).
 __all__ = [
@@ -78,7 +78,7 @@ class ProxyConfig:
         return by_hit or (self.disagg.enabled and self.disagg.min_prompt_tokens > 0)
 
     def problems(self) -> list[str]:
-        from .routing import PICKERS, SCORERS  # the registered plugins (late: they load with the routing package)
+        from ..routing import PICKERS, SCORERS  # the registered plugins (late: they load with the routing package)
 
         out: list[str] = []
         if not 0 <= self.port <= 65535:

@@ -12,8 +12,8 @@ import json
 import os
 from typing import Any
 
-from .config import ProxyConfig
-from .errors import ConfigError
+from ..errors import ConfigError
+from . import ProxyConfig
 
 ENV_PREFIX = "HYBRID_PD_PROXY_"
 LIST_OPTIONS = ("prefill", "decode", "prefill_events", "decode_events")

@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..config.sections import same_engine
 from .block_hash import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED, as_int_hash
-from .config_sections import same_engine
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from .hash_check import hash_granularity
-from .kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 MAMBA_KIND = "mamba"

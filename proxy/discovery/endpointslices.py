@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .config_sections import WorkerSpec
+from ..config.sections import WorkerSpec
 
 
 def slice_workers(

@@ -27,11 +27,11 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .config_sections import K8sConfig, WorkerSpec
+from ..config.sections import K8sConfig, WorkerSpec
+from ..state import ProxyState
+from ..workers import Role
 from .endpointslices import merge
 from .k8s_api import DiscoveryError, K8sAPI, WatchExpired, api_base
-from .state import ProxyState
-from .workers import Role
 
 log = logging.getLogger("hybrid_pd.proxy")
 __all__ = ["DiscoveryError", "K8sDiscovery", "api_base", "discovery_loop"]
