@@ -18,7 +18,7 @@ from typing import Literal
 
 from hybrid_pd.prefill.core_neighbours import parse_cores
 from hybrid_pd.prefill.errors import ConfigError
-from hybrid_pd.proxy.block_hash import LAUNCHER_HASH_SEED  # shared with the proxy, which tries it too
+from hybrid_pd.proxy.kv.block_hash import LAUNCHER_HASH_SEED  # shared with the proxy, which tries it too
 
 Role = Literal["prefill", "decode"]
 ConnectorName = Literal["hybrid", "upstream", "none"]
