@@ -13,12 +13,21 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
     idle_wait_ms        HYBRID_PD_IDLE_WAIT_MS         0          D: sleep this long in a step that computes
                                                                   nothing while READs are in flight (CPU
                                                                   launchers: 2)
+    nixl_delay_us       NIXL_PTHR_DELAY_US             1000       NIXL progress thread: sleep between polls, us
+                                                                  (NIXL's own is 0: a spinning core per agent)
+                        HYBRID_PD_KEEP_AFFINITY        0          CPU engines: keep threads on their --cpu-bind
+                                                                  cores (connector/affinity_guard.py)
                         VLLM_NIXL_SIDE_CHANNEL_HOST    127.0.0.1  where peers reach this engine's side channel
                         VLLM_NIXL_SIDE_CHANNEL_PORT    5600       its port (+ the TP rank)
                         HYBRID_PD_TRANSFER_RESULTS     (unset)    `legacy`: vLLM < 0.32's failed-load path
                         VLLM_SSM_CONV_STATE_LAYOUT     (unset)    must be DS for a model with Mamba groups
 
 A value that does not parse raises ConfigurationError naming the key (or variable) it came from.
+
+The last two also patch processes that are not ours (vLLM's own NixlConnector builds its NIXL agent, and on CPU
+moves threads, inside vLLM): `connector/plugin.py`, loaded by vLLM through its `vllm.general_plugins` entry point
+in every process it starts, applies them there, but only where the variable is set, so an engine started
+without them (upstream's baseline as its docs run it) is untouched.
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ class ConnectorConfig:
     conv_state_layout: str | None = None
     progress_thread: bool = True
     idle_wait_ms: float = 0.0
+    nixl_delay_us: int = 1000
+    keep_affinity: bool = False
 
     @classmethod
     def from_sources(cls, extra: Mapping[str, Any], env: Mapping[str, str]) -> ConnectorConfig:
@@ -70,12 +81,16 @@ class ConnectorConfig:
             nixl_backend=nixl_backend(extra, env),  # checked in both roles: a typo fails at start-up
             progress_thread=setting("progress_thread", "HYBRID_PD_NIXL_PROGRESS_THREAD", True, _flag),
             idle_wait_ms=setting("idle_wait_ms", "HYBRID_PD_IDLE_WAIT_MS", 0.0, float),
+            nixl_delay_us=setting("nixl_delay_us", "NIXL_PTHR_DELAY_US", 1000, int),
+            keep_affinity=setting(None, "HYBRID_PD_KEEP_AFFINITY", False, _flag),
             legacy_transfer_results=env.get("HYBRID_PD_TRANSFER_RESULTS") == "legacy",
             conv_state_layout=env.get("VLLM_SSM_CONV_STATE_LAYOUT"),
         )
         for name, value in (("read_timeout_s", config.read_timeout_s), ("lease_s", config.lease_s)):
             if not value > 0:
                 raise ConfigurationError(f"{name}={value}: must be > 0 seconds")
+        if config.nixl_delay_us < 0:
+            raise ConfigurationError(f"nixl_delay_us={config.nixl_delay_us}: must be >= 0 us")
         if not 0 <= config.idle_wait_ms <= 100:
             raise ConfigurationError(f"idle_wait_ms={config.idle_wait_ms}: must be 0-100 ms")
         return config

@@ -2,9 +2,9 @@
 
 NIXL's Python API hard-codes `pthrDelay = 0` in `nixl_agent_config`, so each agent's UCX progress thread
 polls with a zero timeout and burns a whole core, even idle (measured on the 2-core test bed: a two-engine
-PD run spent both cores spinning). Our connector sets the delay itself; vLLM's own NixlConnector (the
-baseline) builds its agent inside vLLM, so a `.pth` hook installed by deploy/dev.sh calls `install()` at
-interpreter start whenever NIXL_PTHR_DELAY_US is set: vLLM's engine-core processes included.
+PD run spent both cores spinning). Our transport installs it with ConnectorConfig.nixl_delay_us; vLLM's own
+NixlConnector builds its agent inside vLLM, so our vLLM plugin (connector/plugin.py) installs it in every
+process vLLM starts, where NIXL_PTHR_DELAY_US is set.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 _installed = False
 
 
-def install(delay_us: int | None = None) -> bool:
-    """Clamp every NIXL agent config's progress-thread delay to at least `delay_us` (default: the env)."""
+def install(delay_us: int) -> bool:
+    """Clamp every NIXL agent config's progress-thread delay to at least `delay_us`."""
     global _installed
     if _installed:
         return True
-    delay = delay_us if delay_us is not None else int(os.environ.get("NIXL_PTHR_DELAY_US") or 0)
+    delay = delay_us
     if delay <= 0:
         return False
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
-import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -109,19 +108,21 @@ def nixl_backend(extra: Mapping[str, Any], env: Mapping[str, str]) -> str:
 
 
 class NixlTransport:
-    """A NIXL agent (UCX or LIBFABRIC backend) with a progress thread that sleeps `delay_us` between polls."""
+    """A NIXL agent (UCX or LIBFABRIC backend) with a progress thread that sleeps `delay_us` between polls
+    (ConnectorConfig.nixl_delay_us)."""
 
     def __init__(
         self,
         name: str,
         mem_type: str = "DRAM",
-        delay_us: int | None = None,
+        *,
+        delay_us: int,
         backend: str = "UCX",
         progress_thread: bool = True,
     ):
         from hybrid_pd.connector import nixl_delay
 
-        nixl_delay.install(delay_us if delay_us is not None else int(os.environ.get("NIXL_PTHR_DELAY_US") or 1000))
+        nixl_delay.install(delay_us)
         try:
             from nixl._api import nixl_agent, nixl_agent_config
 

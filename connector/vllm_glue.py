@@ -228,6 +228,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             mem_type=mem_type,
             backend=self.nixl_backend,
             progress_thread=self.config.progress_thread,
+            delay_us=self.config.nixl_delay_us,
         )
         transport.register(sorted(ranges.items()))
         local = Handshake(

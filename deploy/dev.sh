@@ -5,11 +5,15 @@
 #   bash deploy/dev.sh bench   run the benchmark harness (tests/bench/run.py; writes tests/bench/results/)
 #   bash deploy/dev.sh env     only set up the environment and print the venv's path
 #   bash deploy/dev.sh run ARGS...   run any command inside the environment
-# The venv lives outside the clone (HYBRID_PD_VENV, default ~/.cache/hybrid-pd/venv) so that fresh clones
-# reuse the heavy dependencies (vLLM, torch, NIXL); it is rebuilt when pyproject.toml's dependencies change.
+# Two environments: the heavy dependencies (vLLM, torch, NIXL; several GB) live in one shared venv outside the
+# clone (HYBRID_PD_DEPS_VENV, default ~/.cache/hybrid-pd/deps-venv; rebuilt when pyproject.toml's dependencies
+# change; it never holds hybrid-pd itself), and each clone gets its own thin venv, $ROOT/.venv (HYBRID_PD_VENV),
+# holding only this clone's editable install plus one path line (.pth, no code) that puts the shared
+# dependencies on sys.path. So clones share the heavy part but a test run can only import its own clone's code.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VENV=${HYBRID_PD_VENV:-$HOME/.cache/hybrid-pd/venv}
+DEPS=${HYBRID_PD_DEPS_VENV:-$HOME/.cache/hybrid-pd/deps-venv}
+VENV=${HYBRID_PD_VENV:-$ROOT/.venv}
 PY=${HYBRID_PD_PYTHON:-$(command -v python3.11 || command -v python3)}
 EXTRAS=${HYBRID_PD_EXTRAS:-cpu,test,bench}
 
@@ -21,34 +25,39 @@ deps_stamp() {  # what the dependency install depends on: the dependency lists, 
 }
 
 install_deps() {
-  log "installing dependencies into $VENV (extras: $EXTRAS); first time takes a few minutes"
-  "$VENV/bin/pip" install -q --upgrade "pip>=24" "setuptools>=68" wheel
-  "$VENV/bin/pip" install -q "$ROOT[$EXTRAS]"
+  log "installing dependencies into $DEPS (extras: $EXTRAS); first time takes a few minutes"
+  "$DEPS/bin/pip" install -q --upgrade "pip>=24" "setuptools>=68" wheel
+  "$DEPS/bin/pip" install -q "$ROOT[$EXTRAS]"
+  # The project itself belongs to each clone's own venv, never to the shared one.
+  "$DEPS/bin/pip" uninstall -y -q hybrid-pd
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: beside torch+cpu they fail to import and
   # break transformers' model imports ("operator torchvision::nms does not exist"). Text models need none.
-  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  "$DEPS/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 }
 
+site_of() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+
 setup_env() {
-  [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
+  [ -x "$DEPS/bin/python" ] || { log "creating $DEPS"; "$PY" -m venv "$DEPS"; }
   local stamp; stamp=$(deps_stamp)
-  if [ "$(cat "$VENV/.hybrid-pd-deps" 2>/dev/null)" != "$stamp" ]; then
+  if [ "$(cat "$DEPS/.hybrid-pd-deps" 2>/dev/null)" != "$stamp" ]; then
     install_deps
-    echo "$stamp" > "$VENV/.hybrid-pd-deps"
-    rm -f "$VENV/.hybrid-pd-src"  # the install above put a plain copy of the project there: re-point it
+    echo "$stamp" > "$DEPS/.hybrid-pd-deps"
   fi
-  # The project itself: editable, from this clone (cheap; re-pointed whenever the clone moves).
-  if [ "$(cat "$VENV/.hybrid-pd-src" 2>/dev/null)" != "$ROOT" ]; then
-    "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT"
-    echo "$ROOT" > "$VENV/.hybrid-pd-src"
+  [ -x "$VENV/bin/python" ] || { log "creating $VENV (this clone's own)"; "$PY" -m venv --without-pip "$VENV"; }
+  local deps_site; deps_site=$(site_of "$DEPS")
+  echo "$deps_site" > "$(site_of "$VENV")/hybrid_pd_deps.pth"  # a path, not code: the shared dependencies
+  # This clone, editable (cheap; redone when the package list or entry points change).
+  local pkg; pkg=$(sed -n '/^\[project.scripts\]/,/^\[tool.mypy\]/p' "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)
+  if [ "$(cat "$VENV/.hybrid-pd-pkg" 2>/dev/null)" != "$pkg" ]; then
+    "$DEPS/bin/python" -m pip --python "$VENV/bin/python" install -q --no-deps --no-build-isolation -e "$ROOT"
+    echo "$pkg" > "$VENV/.hybrid-pd-pkg"
   fi
-  # NIXL progress-thread delay and CPU affinity hooks, shared with the worker images
-  sh "$ROOT/deploy/docker/site_hooks.sh" "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 }
 
 cmd=${1:-demo}; shift || true
 setup_env
-export PATH="$VENV/bin:$PATH"
+export PATH="$VENV/bin:$DEPS/bin:$PATH"
 cd "$ROOT"
 case "$cmd" in
   env)  echo "$VENV" ;;

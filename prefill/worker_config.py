@@ -316,7 +316,7 @@ class WorkerConfig:
             env.setdefault("HYBRID_PD_IDLE_WAIT_MS", "2")
             if self.cpu_bind is not None:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind
-                env["HYBRID_PD_KEEP_AFFINITY"] = "1"  # prefill/affinity_guard.py: vLLM's NixlConnector moves threads
+                env["HYBRID_PD_KEEP_AFFINITY"] = "1"  # connector/affinity_guard.py: vLLM's NixlConnector moves threads
         return {k: v for k, v in env.items() if v != ""}
 
 

@@ -11,12 +11,10 @@ COPY prefill prefill
 COPY decode decode
 COPY proxy proxy
 COPY connector connector
-COPY deploy/docker/site_hooks.sh /usr/local/bin/hybrid-pd-site-hooks
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break transformers beside torch+cpu
 # (deploy/dev.sh); text models need none of them.
 RUN python -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir "/src[cpu]" \
     && (/opt/venv/bin/pip uninstall -y torchvision torchaudio torchcodec || true) \
-    && hybrid-pd-site-hooks "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     && rm -rf /src
 ENV PATH=/opt/venv/bin:$PATH HOME=/home/hybrid-pd HYBRID_PD_CACHE=/opt/hybrid-pd/cache
 RUN hybrid-pd build-model && chmod -R a+rX /opt/hybrid-pd

@@ -15,14 +15,12 @@ COPY prefill prefill
 COPY decode decode
 COPY proxy proxy
 COPY connector connector
-COPY deploy/docker/site_hooks.sh /usr/local/bin/hybrid-pd-site-hooks
 # vLLM stays the image's own (pinned so pip cannot move it). The other pins are build_wheelhouse.sh's, found
 # necessary on the H100 run: `nixl` pulls the CUDA 12 build, replaced by nixl-cu13; xgrammar 0.2.8 fails to
 # load with tvm-ffi 0.1.10; compressed-tensors needs loguru.
 RUN python3 -m pip install --no-cache-dir "/src[gpu]" "vllm==0.26.0" "nixl==1.5.1" "nixl-cu13==1.5.1" \
         "apache-tvm-ffi==0.1.10" "xgrammar==0.2.7" loguru \
     && (python3 -m pip uninstall -y nixl-cu12 || true) \
-    && hybrid-pd-site-hooks "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     && rm -rf /src
 RUN useradd --uid 1000 --create-home --home-dir /home/hybrid-pd hybrid-pd
 ENV HOME=/home/hybrid-pd

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_pd.connector.config import ConnectorConfig
 from hybrid_pd.proxy.demo_workload import stream, transfer_counters
 from tests.bench.setups import Setup
 from tests.support.conversation import ANSWER_TOKENS, cached, colocated_pass, complete
@@ -47,7 +48,7 @@ def _nixl_owner(q_meta, q_stop, nbytes: int) -> None:
     from hybrid_pd.connector.transport import NixlTransport
 
     buf = np.ones(nbytes, np.uint8)
-    agent = NixlTransport("bench-owner")
+    agent = NixlTransport("bench-owner", delay_us=ConnectorConfig().nixl_delay_us)
     agent.register([(buf.ctypes.data, nbytes)])
     q_meta.put((agent.metadata(), buf.ctypes.data))
     q_stop.get(timeout=600)
@@ -69,7 +70,7 @@ def raw_read_gbps(sizes: list[int], reps: int = 20) -> dict[int, float]:
     try:
         meta, remote = q_meta.get(timeout=60)
         dst = np.zeros(max(sizes), np.uint8)
-        agent = NixlTransport("bench-reader")
+        agent = NixlTransport("bench-reader", delay_us=ConnectorConfig().nixl_delay_us)
         agent.register([(dst.ctypes.data, dst.nbytes)])
         peer, out = agent.add_peer(meta), {}
         for size in sizes:

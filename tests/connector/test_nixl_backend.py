@@ -38,7 +38,8 @@ def test_the_chosen_backend_reaches_the_nixl_agent_config(monkeypatch):
     fake.nixl_agent_config = lambda backends, enable_prog_thread: seen.append((backends, enable_prog_thread)) or 1
     fake.nixl_agent = lambda name, config: types.SimpleNamespace(name=name)
     monkeypatch.setitem(sys.modules, "nixl._api", fake)
-    monkeypatch.setattr(nixl_delay, "install", lambda delay_us=None: False)
-    NixlTransport("efa-test", backend="LIBFABRIC")
-    NixlTransport("cpu-test", progress_thread=False)  # the CPU launchers' setting (HYBRID_PD_NIXL_PROGRESS_THREAD=0)
+    monkeypatch.setattr(nixl_delay, "install", lambda delay_us: False)
+    NixlTransport("efa-test", backend="LIBFABRIC", delay_us=1000)
+    # the CPU launchers' setting (HYBRID_PD_NIXL_PROGRESS_THREAD=0)
+    NixlTransport("cpu-test", progress_thread=False, delay_us=1000)
     assert seen == [(["LIBFABRIC"], True), (["UCX"], False)]

@@ -90,7 +90,7 @@ def test_prefiller_with_other_weights_changes_the_output(engines):
 
 
 def test_idle_workers_do_not_spin_a_core(engines):
-    """NIXL's progress thread polls with a 0 us delay unless our .pth hook sets NIXL_PTHR_DELAY_US."""
+    """NIXL's progress thread polls with a 0 us delay unless our vLLM plugin applies NIXL_PTHR_DELAY_US."""
     procs = [pid for name in ("p", "d")
              for pid in [engines[name].pid, *[c.pid for c in engines[name].descendants()]]]
     def cpu_seconds():
@@ -112,7 +112,7 @@ def test_idle_workers_do_not_spin_a_core(engines):
 def test_the_upstream_prefillers_forward_thread_stays_on_its_core(engines):
     """vLLM's NixlConnector moves a CPU worker's main (forward) thread onto the last core of the NUMA node: the
     decoder's core here, where P's forward waited behind D's spinning worker (0.13-0.78 s prefill legs instead of
-    43-80 ms). The launcher's affinity guard keeps it on its --cpu-bind core (prefill/affinity_guard.py)."""
+    43-80 ms). The launcher's affinity guard keeps it on its --cpu-bind core (connector/affinity_guard.py)."""
     workers = [c for c in engines["p"].descendants() if "Worker" in " ".join([c.name(), *c.cmdline()])]
     assert workers
     for w in workers:

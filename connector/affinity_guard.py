@@ -7,8 +7,8 @@ its forward moved onto core 1, the decode worker's core, where it waits in the r
 spinning worker: measured on the 2-core test bed, upstream's prefill leg took 0.13-0.78 s per agent-loop turn
 instead of 43-80 ms (ours: 50-74 ms), which made every CPU comparison with upstream unfair.
 
-The launchers set HYBRID_PD_KEEP_AFFINITY=1 for CPU engines; a `.pth` hook installed by deploy/dev.sh then
-calls `install()` at interpreter start, in vLLM's engine-core and worker processes too. It drops a call that
+The launchers set HYBRID_PD_KEEP_AFFINITY=1 for CPU engines; our vLLM plugin (connector/plugin.py) then
+calls `install()` in every process vLLM starts, its engine-core and worker processes included. It drops a call that
 would move the calling thread entirely off the cores it is bound to; narrowing within them still works.
 """
 
@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Iterable
 
 _installed = False
 
 
 def install() -> bool:
     global _installed
-    if _installed or not os.environ.get("HYBRID_PD_KEEP_AFFINITY"):
-        return _installed
+    if _installed:
+        return True
     original = os.sched_setaffinity
 
-    def sched_setaffinity(pid: int, mask, _original=original) -> None:
+    def sched_setaffinity(pid: int, mask: Iterable[int], _original: Callable = original) -> None:
         mask = set(mask)
         if pid == 0 and not mask & os.sched_getaffinity(0):
             print(
