@@ -1,0 +1,114 @@
+"""The prefiller alone: the same prompts on one prefill engine per set-up, to find where a prefill's time goes.
+
+    python3 deploy/gpu/prefill_probe.py --setup none|upstream|hybrid|hybrid-noship --model DIR --out DIR
+
+Each set-up is one prefill engine started by our launcher with the GPU benchmark's flags (bench_setups.py:
+same memory share, CUDA graphs, warm-up), differing only in its connector: none (no PD), upstream (vLLM's
+NixlConnector) and ours, with and without shipping checkpoints (HYBRID_PD_SHIP_CHECKPOINTS=0). Every set-up
+gets the same requests in the same order, the P leg of a PD turn (max_tokens=1, stream off, `do_remote_decode`
+where a connector runs; the same body without it as a "plain" request on our engine and on none):
+- cold prompts at 4,858 and 4,857 tokens (upstream's P computes all N prompt tokens, ours N-1), 2,048 and 8,192,
+  several distinct prompts each: the first pays any kernel compile, the rest show the steady state;
+- a turn that extends an earlier prompt (4,352 cached + 2,396 new), as a conversation's next turn.
+Per request: the client's wall time and the engine's /metrics deltas (scheduled-to-first-token = prefill time,
+queue time, engine steps, prompt and cached tokens). No decoder runs: the P leg's own cost is what differs.
+Writes OUT/prefill-SETUP.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_client import log, metric_deltas, post_json, scrape  # noqa: E402
+from bench_setups import Engines  # noqa: E402
+
+KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+             "remote_block_ids": None, "remote_host": None, "remote_port": None}
+WATCH = {"vllm:request_prefill_time_seconds_sum": "prefill_ms", "vllm:request_queue_time_seconds_sum": "queue_ms",
+         "vllm:iteration_tokens_total_count": "steps", "vllm:prompt_tokens_total": "prompt_tokens",
+         "vllm:prefix_cache_hits_total": "cache_hit_tokens",
+         "vllm:request_inference_time_seconds_sum": "inference_ms"}
+
+
+def prompts(seed: int) -> list[tuple[str, list[int], bool]]:
+    """(label, token ids, P leg?) in the order sent; the same for every set-up."""
+    rng = random.Random(seed)
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(10, 1000) for _ in range(n)]
+
+    out: list[tuple[str, list[int], bool]] = []
+    for n, reps in ((4858, 4), (4857, 3), (2048, 3), (8192, 3)):
+        out += [(f"cold {n} #{i}", fresh(n), True) for i in range(reps)]
+    out += [(f"plain cold 4858 #{i}", fresh(4858), False) for i in range(3)]
+    for i in range(3):
+        base = fresh(4352)
+        out += [(f"base 4352 #{i}", base, True), (f"extend 4352+2396 #{i}", base + fresh(2396), True)]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--setup", required=True, choices=["none", "upstream", "hybrid", "hybrid-noship"])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--util", type=float, default=0.28)
+    ap.add_argument("--max-model-len", type=int, default=40960)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--checkpoint-every", type=int, default=0)
+    ap.add_argument("--graphs", default="decode")
+    ap.add_argument("--launcher-warmup", default="2048,8192")
+    ap.add_argument("--v2", action="store_true")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"prefill-logs-{args.setup}"
+    logs.mkdir(parents=True, exist_ok=True)
+    engines = Engines(args, logs)
+    connector = {"none": "none", "upstream": "upstream"}.get(args.setup, "hybrid")
+    if args.setup == "hybrid-noship":
+        engines.env["HYBRID_PD_SHIP_CHECKPOINTS"] = "0"
+    result: dict = {"setup": args.setup, "args": {k: str(v) for k, v in vars(args).items()}, "rows": [],
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    part = args.out / f"prefill-{args.setup}.json"
+    try:
+        p = engines.ready(engines.worker("prefill", "prefill", connector, 0))
+        result["start_s"] = engines.start_s
+        for label, ids, p_leg in prompts(args.seed):
+            body = {"model": "m", "prompt": ids, "max_tokens": 1, "stream": False, "temperature": 0}
+            if p_leg and connector != "none":
+                body["kv_transfer_params"] = KV_PARAMS
+            before = {"p": scrape(p.url)}
+            t0 = time.monotonic()
+            resp = post_json(p.url + "/v1/completions", body)
+            wall = time.monotonic() - t0
+            moved = metric_deltas(before, {"p": scrape(p.url)})["p"]
+            row = {"label": label, "tokens": len(ids), "p_leg": p_leg, "wall_ms": round(wall * 1e3, 2),
+                   "cached": ((resp.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")}
+            for metric, name in WATCH.items():
+                v = moved.get(metric, 0.0)
+                row[name] = round(v * 1e3, 2) if name.endswith("_ms") else v
+            result["rows"].append(row)
+            log(json.dumps(row))
+            part.write_text(json.dumps(result, indent=1))
+    except Exception as e:  # keep what was measured
+        result["error"] = repr(e)
+        log(f"error: {e!r}")
+    finally:
+        engines.close()
+        part.write_text(json.dumps(result, indent=1))
+    return 0 if "error" not in result else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
