@@ -12,7 +12,9 @@ where a connector runs; the same body without it as a "plain" request on our eng
 - a turn that extends an earlier prompt (4,352 cached + 2,396 new), as a conversation's next turn.
 Per request: the client's wall time and the engine's /metrics deltas (scheduled-to-first-token = prefill time,
 queue time, engine steps, prompt and cached tokens). No decoder runs: the P leg's own cost is what differs.
-Writes OUT/prefill-SETUP.json.
+Writes OUT/prefill-SETUP.json. With --profile, a last round (cold 4,858, cold 8,192, an aligned 4,352) runs
+under vLLM's torch profiler, and OUT/profile-SETUP.json sums its trace: GPU kernel time against the engine
+step's wall time, the top kernels and vLLM's own annotated regions.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_setups  # noqa: E402
 from bench_client import log, metric_deltas, post_json, scrape  # noqa: E402
 from bench_setups import Engines  # noqa: E402
 
@@ -56,6 +59,37 @@ def prompts(seed: int) -> list[tuple[str, list[int], bool]]:
     return out
 
 
+def summarize_traces(folder: Path) -> dict:
+    """Sum a torch profiler trace: kernel time on the GPU, annotated regions (vLLM's own) and CPU ops."""
+    import collections
+    import gzip
+
+    out: dict = {}
+    for f in sorted(folder.rglob("*.json*")):
+        opener = gzip.open if f.suffix == ".gz" else open
+        try:
+            with opener(f, "rt") as fh:
+                events = json.load(fh).get("traceEvents", [])
+        except (OSError, ValueError) as e:
+            out[f.name] = {"error": repr(e)}
+            continue
+        by_cat: dict = collections.defaultdict(lambda: collections.Counter())
+        counts: dict = collections.defaultdict(collections.Counter)
+        for e in events:
+            if e.get("ph") != "X" or "dur" not in e:
+                continue
+            cat, name = e.get("cat", ""), e.get("name", "")[:90]
+            by_cat[cat][name] += e["dur"] / 1e3
+            counts[cat][name] += 1
+        out[f.name] = {
+            "total_ms_by_category": {c: round(sum(v.values()), 2) for c, v in by_cat.items()},
+            "top": {c: [(n, round(ms, 2), counts[c][n]) for n, ms in v.most_common(25)]
+                    for c, v in by_cat.items() if c in ("kernel", "user_annotation", "gpu_user_annotation",
+                                                        "cpu_op", "cuda_runtime", "gpu_memcpy")},
+        }
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setup", required=True, choices=["none", "upstream", "hybrid", "hybrid-noship"])
@@ -70,10 +104,16 @@ def main() -> int:
     ap.add_argument("--graphs", default="decode")
     ap.add_argument("--launcher-warmup", default="2048,8192")
     ap.add_argument("--v2", action="store_true")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"prefill-logs-{args.setup}"
     logs.mkdir(parents=True, exist_ok=True)
+    prof_dir = Path(f"/tmp/prefill-prof-{args.setup}")
+    if args.profile:  # vLLM's torch profiler (GPU kernels and CPU ops), on for the last round only
+        base_extra = bench_setups.vllm_extra
+        conf = {"profiler": "torch", "torch_profiler_dir": str(prof_dir), "torch_profiler_with_stack": False}
+        bench_setups.vllm_extra = lambda a: base_extra(a) + ["--profiler-config", json.dumps(conf)]
     engines = Engines(args, logs)
     connector = {"none": "none", "upstream": "upstream"}.get(args.setup, "hybrid")
     if args.setup == "hybrid-noship":
@@ -101,6 +141,18 @@ def main() -> int:
             result["rows"].append(row)
             log(json.dumps(row))
             part.write_text(json.dumps(result, indent=1))
+        if args.profile:
+            rng = random.Random(args.seed + 1)
+            post_json(p.url + "/start_profile", {})
+            for n in (4858, 8192, 4352):
+                body = {"model": "m", "prompt": [rng.randrange(10, 1000) for _ in range(n)], "max_tokens": 1,
+                        "stream": False, "temperature": 0}
+                if connector != "none":
+                    body["kv_transfer_params"] = KV_PARAMS
+                post_json(p.url + "/v1/completions", body)
+            post_json(p.url + "/stop_profile", {})
+            time.sleep(5)
+            (args.out / f"profile-{args.setup}.json").write_text(json.dumps(summarize_traces(prof_dir), indent=1))
     except Exception as e:  # keep what was measured
         result["error"] = repr(e)
         log(f"error: {e!r}")
