@@ -59,6 +59,12 @@ def prompts(seed: int) -> list[tuple[str, list[int], bool]]:
     return out
 
 
+def post_raw(url: str) -> None:
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=120).read()
+
+
 def summarize_traces(folder: Path) -> dict:
     """Sum a torch profiler trace: kernel time on the GPU, annotated regions (vLLM's own) and CPU ops."""
     import collections
@@ -143,14 +149,14 @@ def main() -> int:
             part.write_text(json.dumps(result, indent=1))
         if args.profile:
             rng = random.Random(args.seed + 1)
-            post_json(p.url + "/start_profile", {})
+            post_raw(p.url + "/start_profile")
             for n in (4858, 8192, 4352):
                 body = {"model": "m", "prompt": [rng.randrange(10, 1000) for _ in range(n)], "max_tokens": 1,
                         "stream": False, "temperature": 0}
                 if connector != "none":
                     body["kv_transfer_params"] = KV_PARAMS
                 post_json(p.url + "/v1/completions", body)
-            post_json(p.url + "/stop_profile", {})
+            post_raw(p.url + "/stop_profile")
             time.sleep(5)
             (args.out / f"profile-{args.setup}.json").write_text(json.dumps(summarize_traces(prof_dir), indent=1))
     except Exception as e:  # keep what was measured
