@@ -77,6 +77,38 @@ def test_policy_checks_catch_a_broken_manifest(rendered):
     assert any("open to this release's proxy only" in p for p in problems)
 
 
+def test_policy_checks_ask_what_each_network_policy_selects(rendered):
+    """The hole the check once missed: a worker policy that names a label the pod templates lack (it named
+    app.kubernetes.io/name, which base/kustomization.yaml adds to metadata only, like part-of) selects no pod,
+    so every worker port is open to the cluster."""
+    docs = copy.deepcopy(rendered[1])
+    workers = by_kind(docs, "NetworkPolicy")["hybrid-pd-workers"]["spec"]
+    workers["podSelector"]["matchLabels"]["app.kubernetes.io/part-of"] = "hybrid-pd"
+    workers["ingress"][1]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/part-of"] = "hybrid-pd"
+    problems = policy_problems(docs)
+    names = sorted(w for w, p in pod_templates(docs) if p["metadata"]["labels"][ROLE] in WORKER_ROLES)
+    assert f"NetworkPolicy hybrid-pd-workers selects no pods, not {names}" in problems
+    assert {f"{n}: no NetworkPolicy selects these pods (open to every pod in the cluster)" for n in names} \
+        <= set(problems)
+    assert any("workers cannot reach each other's side channel" in p for p in problems)
+    by_kind(docs, "NetworkPolicy")["hybrid-pd-proxy"]["spec"]["podSelector"] = {
+        "matchLabels": {INSTANCE: "hybrid-pd"}}  # the proxy's policy takes the workers as well
+    problems = policy_problems(docs)
+    assert any(p.startswith("NetworkPolicy hybrid-pd-proxy selects [") and "prefill" in p for p in problems)
+
+
+def test_policy_checks_refuse_worker_ports_open_beyond_the_release(rendered):
+    docs = copy.deepcopy(rendered[1])
+    workers = by_kind(docs, "NetworkPolicy")["hybrid-pd-workers"]["spec"]
+    del workers["ingress"][1]["from"][0]["podSelector"]["matchLabels"][INSTANCE]  # any release's workers
+    workers["ingress"][0]["ports"].append({"port": 22})
+    workers["ingress"].append({"ports": [{"port": "http"}]})  # from anywhere
+    problems = policy_problems(docs)
+    assert any("must carry app.kubernetes.io/instance (other releases' pods match it)" in p for p in problems)
+    assert any("on http and kv-events" in p for p in problems)
+    assert any("a rule without peers admits every pod" in p for p in problems)
+
+
 def test_policy_checks_catch_a_broken_worker(rendered):
     docs = copy.deepcopy(rendered[1])
     where, pod = next((w, p) for w, p in pod_templates(docs) if p["metadata"]["labels"][ROLE] == "decode")

@@ -1,4 +1,5 @@
 """What a reviewer would refuse in a rendered Kubernetes overlay, as a list of problems (tests/deploy).
+NetworkPolicies are checked by what they select: k8s_netpol.py.
 
 Pods are checked wherever they are templated: Deployments, and LeaderWorkerSet leader and worker templates
 (a CRD: no schema to validate against, so these rules are all that checks it).
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
+
+from tests.support.k8s_netpol import network_problems
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 WORKER_ROLES = ("prefill", "decode")
@@ -198,27 +201,6 @@ def release_problems(docs: list[dict]) -> list[str]:
     return problems
 
 
-def network_problems(docs: list[dict]) -> list[str]:
-    """Worker HTTP and KV-event ports are open to the proxy of the same release only; workers reach workers."""
-    policy = next((p for n, p in by_kind(docs, "NetworkPolicy").items() if n.endswith("hybrid-pd-workers")), None)
-    if policy is None:
-        return ["no NetworkPolicy hybrid-pd-workers"]
-    problems = []
-    for rule in policy["spec"]["ingress"]:
-        ports = {p["port"] for p in rule.get("ports", [])}
-        sources = rule.get("from", [])
-        labels = [s.get("podSelector", {}).get("matchLabels", {}) for s in sources]
-        if ports & {"http", "kv-events"} and any("namespaceSelector" in s for s in sources):
-            continue  # a metrics scraper (components/servicemonitor): http only, checked below
-        if ports & {"http", "kv-events"} and not all(lab.get(ROLE) == "proxy" and INSTANCE in lab for lab in labels):
-            problems.append(f"worker ports {sorted(ports)} must be open to this release's proxy only")
-        if not ports and not all(INSTANCE in lab and "podSelector" in s for lab, s in zip(labels, sources)):
-            problems.append("workers' other ports must be open to this release's workers only")
-        if "kv-events" in ports and any("namespaceSelector" in s for s in sources):
-            problems.append("KV events must not be open to other namespaces")
-    return problems
-
-
 def custom_resource_problems(docs: list[dict]) -> list[str]:
     """ScaledObjects, ServiceMonitors: no schema here, so check what would silently do nothing."""
     problems = []
@@ -244,4 +226,5 @@ def policy_problems(docs: list[dict]) -> list[str]:
     problems = []
     for where, pod in pod_templates(docs):
         problems += pod_problems(where, pod)
-    return problems + release_problems(docs) + network_problems(docs) + custom_resource_problems(docs)
+    return (problems + release_problems(docs) + network_problems(docs, dict(pod_templates(docs)))
+            + custom_resource_problems(docs))
