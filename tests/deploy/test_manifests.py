@@ -121,7 +121,14 @@ def test_policy_checks_catch_a_broken_worker(rendered):
     c["securityContext"]["capabilities"]["add"] = ["SYS_ADMIN"]
     pod["spec"]["automountServiceAccountToken"] = True
     c["readinessProbe"] = {"httpGet": {"path": "/health", "port": "http"}}
+    c["resources"]["requests"]["cpu"] = "1"
+    if where in by_kind(docs, "Deployment"):
+        by_kind(docs, "Deployment")[where]["spec"]["strategy"] = {}  # the default: 25% surge
     problems = policy_problems(docs)
+    if "nvidia.com/gpu" in c["resources"]["limits"]:
+        assert any("requests must equal limits (Guaranteed QoS)" in p for p in problems)
+    if where in by_kind(docs, "Deployment"):
+        assert any("maxSurge 0 and maxUnavailable 1" in p for p in problems)
     for wanted in ("preStop sleep", "no --shutdown-timeout", "needs a pinned tag", "requests must equal limits",
                    "adds capabilities ['SYS_ADMIN']", "service-account token", "readinessProbe must test"):
         assert any(wanted in p for p in problems), wanted
@@ -153,6 +160,20 @@ def test_worker_arguments_are_accepted_by_the_launcher(rendered, monkeypatch):
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert (ports["http"], ports["nixl"], ports["kv-events"]) == (
             cfg.port, cfg.side_channel_port, cfg.kv_events_port)
+
+
+GDN_MODELS = re.compile(r"(?i)qwen3[-.]?(next|5)")  # the hybrids with GDN linear attention
+
+
+def test_engine_flags_fit_the_overlays_model(rendered):
+    """A GDN prefill backend passed to a model without GDN layers (Mamba-2) configures nothing and tells a
+    reader something untrue about the deployment."""
+    _, docs = rendered
+    model = by_kind(docs, "ConfigMap")["hybrid-pd-config"]["data"]["MODEL"]
+    for where, pod in pod_templates(docs):
+        args = " ".join(pod["spec"]["containers"][0].get("args", []))
+        if "gdn_prefill_backend" in args:
+            assert GDN_MODELS.search(model), f"{where}: gdn_prefill_backend for {model}, which has no GDN layers"
 
 
 def test_proxy_discovers_only_its_own_release(rendered, monkeypatch):

@@ -151,6 +151,13 @@ def pod_problems(where: str, pod: dict) -> list[str]:
         problems.append(f"{where}: pods carry no {INSTANCE} label")
     for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
         problems += container_problems(f"{where}/{c['name']}", c, pod, role)
+    containers = pod["spec"].get("initContainers", []) + pod["spec"]["containers"]
+    if any("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) for c in containers):
+        for c in containers:  # Guaranteed QoS: every container, init containers included
+            res = c.get("resources", {})
+            if any(res.get("requests", {}).get(k) != res.get("limits", {}).get(k) for k in ("cpu", "memory")):
+                problems.append(f"{where}/{c['name']}: a GPU pod's cpu and memory requests must equal limits "
+                                "(Guaranteed QoS)")
     main = pod["spec"]["containers"][0]
     for probe in ("readinessProbe", "livenessProbe"):
         if probe not in main:
@@ -172,6 +179,10 @@ def release_problems(docs: list[dict]) -> list[str]:
             problems.append(f"{name}: selector must carry {INSTANCE} and match its pods")
         role = sel.get(ROLE)
         if role in WORKER_ROLES:
+            rolling = dep["spec"].get("strategy", {}).get("rollingUpdate", {})
+            if str(rolling.get("maxSurge", "25%")) not in ("0", "0%") or rolling.get("maxUnavailable") != 1:
+                problems.append(f"{name}: rollouts need maxSurge 0 and maxUnavailable 1 (a surge pod waits for "
+                                "a spare GPU)")
             start = probe_budget_s(dep["spec"]["template"]["spec"]["containers"][0].get("startupProbe", {}))
             if dep["spec"].get("progressDeadlineSeconds", 600) <= start:
                 problems.append(f"{name}: progressDeadlineSeconds must exceed the start budget ({start} s)")
