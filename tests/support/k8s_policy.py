@@ -21,6 +21,7 @@ WORKER_ROLES = ("prefill", "decode")
 INSTANCE = "app.kubernetes.io/instance"
 ROLE = "hybrid-pd/role"
 RDMA_CAPABILITIES = {"IPC_LOCK"}  # the only one a container may add (components/ipc-lock)
+READY_PROBE = ["python3", "-m", "hybrid_pd.prefill.ready"]  # prefill/ready.py: the file AND its processes alive
 MIN_START_BUDGET_S = 600  # the H100's slowest first start was 356 s for a 1 B model (base/prefill.yaml)
 
 
@@ -102,9 +103,10 @@ def worker_problems(where: str, c: dict, pod: dict) -> list[str]:
                             f"the launcher's --startup-timeout {launcher:g} s")
     ready_file = flag_value(c["args"], "--ready-file")
     for probe in ("startupProbe", "readinessProbe"):
-        if c.get(probe, {}).get("exec", {}).get("command") != ["test", "-f", ready_file]:
-            problems.append(f"{where}: {probe} must test the launcher's --ready-file (vLLM's /health turns 200 "
-                            "before the warm-up has compiled the kernels clients would wait for)")
+        if c.get(probe, {}).get("exec", {}).get("command") != [*READY_PROBE, ready_file]:
+            problems.append(f"{where}: {probe} must test the launcher's --ready-file with {' '.join(READY_PROBE)} "
+                            "(vLLM's /health turns 200 before the warm-up has compiled the kernels clients would "
+                            "wait for; a file alone outlives a killed container)")
     mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
     if "/dev/shm" not in mounts:
         problems.append(f"{where}: no /dev/shm volume")
