@@ -134,6 +134,22 @@ def test_policy_checks_catch_a_broken_worker(rendered):
         assert any(wanted in p for p in problems), wanted
 
 
+def test_policy_checks_catch_autoscaling_that_does_not_do_what_it_says():
+    docs = render(K8S / "overlays" / "gpu-autoscale")
+    objs = by_kind(docs, "ScaledObject")
+    assert set(objs) == {"hybrid-pd-prefill", "hybrid-pd-decode", "hybrid-pd-proxy"}
+    decode = objs["hybrid-pd-decode"]["spec"]
+    decode["cooldownPeriod"] = 600  # what it was: nothing at minReplicaCount 1
+    del decode["advanced"]  # the HPA's defaults: 4 pods or 100% per 15 s up, 5 min down
+    trigger = objs["hybrid-pd-prefill"]["spec"]["triggers"][0]["metadata"]
+    trigger["query"] = trigger["query"].replace(', namespace="hybrid-pd"', "")
+    problems = policy_problems(docs)
+    assert any("hybrid-pd-decode: cooldownPeriod applies only" in p for p in problems)
+    assert any("hybrid-pd-decode: scale-up must add at most one worker" in p for p in problems)
+    assert any("hybrid-pd-decode: scale-down needs a stabilization window" in p for p in problems)
+    assert any("hybrid-pd-prefill: query" in p and "must name its namespace (hybrid-pd)" in p for p in problems)
+
+
 def expand(args: list[str], env: dict[str, str]) -> list[str]:
     return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]
 

@@ -220,13 +220,31 @@ def custom_resource_problems(docs: list[dict]) -> list[str]:
     deployments = by_kind(docs, "Deployment")
     instances = {p["metadata"]["labels"].get(INSTANCE) for _, p in pod_templates(docs)}
     for name, so in by_kind(docs, "ScaledObject").items():
-        if so["spec"]["scaleTargetRef"]["name"] not in deployments:
+        spec = so["spec"]
+        if spec["scaleTargetRef"]["name"] not in deployments:
             problems.append(f"ScaledObject {name}: scales no Deployment of this overlay")
-        for trigger in so["spec"]["triggers"]:
+        namespace = so["metadata"].get("namespace")
+        for trigger in spec["triggers"]:
             query = trigger["metadata"].get("query", "")
-            if trigger["type"] == "prometheus" and not {f'app_kubernetes_io_instance="{i}"' for i in instances} \
-                    & set(re.findall(r'app_kubernetes_io_instance="[^"]*"', query)):
-                problems.append(f"ScaledObject {name}: query {query!r} names another release")
+            if trigger["type"] != "prometheus":
+                continue
+            for selector in re.findall(r"\{[^}]*\}", query) or [""]:  # every series it sums
+                if not {f'app_kubernetes_io_instance="{i}"' for i in instances} \
+                        & set(re.findall(r'app_kubernetes_io_instance="[^"]*"', selector)):
+                    problems.append(f"ScaledObject {name}: query {query!r} names another release")
+                if namespace is None or f'namespace="{namespace}"' not in selector:
+                    problems.append(f"ScaledObject {name}: query {query!r} must name its namespace "
+                                    f"({namespace or 'none set'}): another release elsewhere exports the same series")
+        if "cooldownPeriod" in spec and spec.get("minReplicaCount", 0) >= 1:
+            problems.append(f"ScaledObject {name}: cooldownPeriod applies only to scaling to and from zero")
+        behavior = spec.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior", {})
+        if spec["scaleTargetRef"]["name"].endswith(WORKER_ROLES):
+            up = behavior.get("scaleUp", {}).get("policies", [])
+            if not up or any(p["type"] != "Pods" or p["value"] / p["periodSeconds"] > 1 / 120 for p in up):
+                problems.append(f"ScaledObject {name}: scale-up must add at most one worker per 2 min (a worker "
+                                "takes minutes to start; the HPA would add one per sync meanwhile)")
+            if behavior.get("scaleDown", {}).get("stabilizationWindowSeconds", 300) < 600:
+                problems.append(f"ScaledObject {name}: scale-down needs a stabilization window >= 10 min")
     for name, sm in by_kind(docs, "ServiceMonitor").items():
         sel = sm["spec"]["selector"]["matchLabels"]
         chosen = [s for s in by_kind(docs, "Service").values() if selects(sel, s["metadata"].get("labels", {}))]
