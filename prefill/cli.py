@@ -14,9 +14,9 @@ import sys
 from hybrid_pd.prefill.aligned_block import AlignedBlockWatch
 from hybrid_pd.prefill.core_neighbours import sharing
 from hybrid_pd.prefill.errors import ConfigError, WorkerError
-from hybrid_pd.prefill.supervisor import ChildProcess, run_until_signalled
 from hybrid_pd.prefill.ready import ReadyFile
 from hybrid_pd.prefill.shm_segments import EngineSegments
+from hybrid_pd.prefill.supervisor import ChildProcess, run_until_signalled
 from hybrid_pd.prefill.warmup import CONCURRENT, describe, parse_lengths, plan, warm_up
 from hybrid_pd.prefill.worker_config import WorkerConfig
 
