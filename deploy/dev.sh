@@ -10,12 +10,14 @@
 # change; it never holds hybrid-pd itself), and each clone gets its own thin venv, $ROOT/.venv (HYBRID_PD_VENV),
 # holding only this clone's editable install plus one path line (.pth, no code) that puts the shared
 # dependencies on sys.path. So clones share the heavy part but a test run can only import its own clone's code.
+# A third venv holds the manifest scanner the deploy tests run (checkov; HYBRID_PD_SCAN_VENV), apart from both.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEPS=${HYBRID_PD_DEPS_VENV:-$HOME/.cache/hybrid-pd/deps-venv}
 VENV=${HYBRID_PD_VENV:-$ROOT/.venv}
 PY=${HYBRID_PD_PYTHON:-$(command -v python3.11 || command -v python3)}
 EXTRAS=${HYBRID_PD_EXTRAS:-cpu,test,bench}
+SCAN=${HYBRID_PD_SCAN_VENV:-$HOME/.cache/hybrid-pd/scan-venv}  # the manifest scanner's own venv (test extra)
 
 log() { echo "[hybrid-pd] $*" >&2; }
 
@@ -33,6 +35,16 @@ install_deps() {
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: beside torch+cpu they fail to import and
   # break transformers' model imports ("operator torchvision::nms does not exist"). Text models need none.
   "$DEPS/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+}
+
+setup_scan() {  # checkov, pinned in deploy/k8s/scan-requirements.txt; apart: its pins would move vLLM's
+  local req="$ROOT/deploy/k8s/scan-requirements.txt" stamp
+  stamp=$(sha256sum "$req" | cut -c1-16)
+  [ "$(cat "$SCAN/.hybrid-pd-scan" 2>/dev/null)" = "$stamp" ] && return 0
+  log "installing the manifest scanner into $SCAN (its own venv)"
+  [ -x "$SCAN/bin/python" ] || "$PY" -m venv "$SCAN"
+  if "$SCAN/bin/pip" install -q -r "$req"; then echo "$stamp" > "$SCAN/.hybrid-pd-scan"
+  else log "could not install the manifest scanner: tests/deploy/test_security_scan.py will fail"; fi
 }
 
 site_of() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
@@ -57,6 +69,7 @@ setup_env() {
 
 cmd=${1:-demo}; shift || true
 setup_env
+case ",$EXTRAS," in *,test,*) setup_scan; export HYBRID_PD_CHECKOV="$SCAN/bin/checkov" ;; esac
 export PATH="$VENV/bin:$DEPS/bin:$PATH"
 cd "$ROOT"
 case "$cmd" in

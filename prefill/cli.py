@@ -14,8 +14,10 @@ import sys
 from hybrid_pd.prefill.aligned_block import AlignedBlockWatch
 from hybrid_pd.prefill.core_neighbours import sharing
 from hybrid_pd.prefill.errors import ConfigError, WorkerError
+from hybrid_pd.prefill.ready import ReadyFile
+from hybrid_pd.prefill.shm_segments import EngineSegments
 from hybrid_pd.prefill.supervisor import ChildProcess, run_until_signalled
-from hybrid_pd.prefill.warmup import CONCURRENT, ReadyFile, describe, parse_lengths, plan, warm_up
+from hybrid_pd.prefill.warmup import CONCURRENT, describe, parse_lengths, plan, warm_up
 from hybrid_pd.prefill.worker_config import WorkerConfig
 
 ROLE_DEFAULTS = {
@@ -116,7 +118,8 @@ def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
     ap.add_argument(
         "--ready-file",
         default=None,
-        help="file written once the worker is healthy and warm, removed when it stops (readiness probe)",
+        help="file written once the worker is healthy and warm, removed when it stops; it names the launcher "
+        "and vLLM's API server, so test it with `python3 -m hybrid_pd.prefill.ready FILE` (readiness probe)",
     )
     ap.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then extra vLLM flags")
 
@@ -208,7 +211,11 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
             print(f"[hybrid-pd] {describe(done)}", flush=True)
 
         return run_until_signalled(
-            child, args.startup_timeout, warm_up=warm if lengths else None, ready=ReadyFile(args.ready_file)
+            child,
+            args.startup_timeout,
+            warm_up=warm if lengths else None,
+            ready=ReadyFile(args.ready_file),
+            segments=EngineSegments(config.port),
         )
     except WorkerError as e:
         print(f"[hybrid-pd] {role}: {e}", file=sys.stderr)

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import IO
 
 from hybrid_pd.prefill.errors import WorkerStartError
-from hybrid_pd.prefill.warmup import ReadyFile
+from hybrid_pd.prefill.ready import ReadyFile
+from hybrid_pd.prefill.shm_segments import EngineSegments
 
 
 class ChildProcess:
@@ -132,11 +133,15 @@ def run_until_signalled(
     startup_timeout: float,
     warm_up: Callable[[], None] | None = None,
     ready: ReadyFile | None = None,
+    segments: EngineSegments | None = None,
 ) -> int:
-    """The launcher's main loop: start, wait for health, warm up, write the ready file, forward SIGTERM/SIGINT
-    (the ready file goes at the first), return the exit code."""
+    """The launcher's main loop: remove the shared memory a killed predecessor left (`segments`), start, wait for
+    health, warm up, write the ready file, forward SIGTERM/SIGINT (the ready file goes at the first), return
+    the exit code."""
     stop = threading.Event()
     ready = ready or ReadyFile(None)
+    if segments is not None:
+        tidy(segments, "a previous engine on this port")
 
     def forward(signum, _frame):
         # The first signal goes to vLLM's API server alone: it drains (--shutdown-timeout), then stops its engine
@@ -156,17 +161,27 @@ def run_until_signalled(
         child.stop()
         raise
     print(f"[hybrid-pd] {child.name} healthy at {child.url} after {took:.1f}s (pid {child.pid})", flush=True)
+    if segments is not None and child.pid is not None:
+        segments.record(child.pid)  # healthy: vLLM's queues between its processes exist
     if warm_up is not None and not stop.is_set():
         warm_up()
     assert child.proc
     if not stop.is_set() and child.proc.poll() is None:
-        ready.set()
+        ready.set(child.pid)  # names the launcher and vLLM's API server: the probe fails once either is gone
         print(f"[hybrid-pd] {child.name} ready" + (f" ({ready.path})" if ready.path else ""), flush=True)
     try:
         code = child.proc.wait()
     finally:
         ready.clear()
     child.stop(grace=5)
+    if segments is not None:
+        tidy(segments, "this engine")
     if stop.is_set():
         return 0
     raise WorkerStartError(f"{child.name} died with code {code}", list(child.tail))
+
+
+def tidy(segments: EngineSegments, whose: str) -> None:
+    removed = segments.remove_stale()
+    if removed:
+        print(f"[hybrid-pd] removed {len(removed)} shared-memory segments {whose} left in {segments.shm}", flush=True)

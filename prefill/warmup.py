@@ -170,23 +170,3 @@ def _complete(url: str, model: str, label: str, tokens: list[int], timeout: floa
 def describe(done: list[WarmupRequest]) -> str:
     parts = [f"{r.label} {r.seconds * 1000:,.0f} ms" + (f" (failed: {r.error})" if r.error else "") for r in done]
     return "warm-up: " + ("; ".join(parts) if parts else "none")
-
-
-class ReadyFile:
-    """A file that exists while the worker is warm and not stopping (the readiness probe tests it)."""
-
-    def __init__(self, path: str | None):
-        self.path = path
-        self.clear()
-
-    def set(self) -> None:
-        if self.path:
-            with open(self.path, "w") as f:
-                f.write(f"{os.getpid()}\n")
-
-    def clear(self) -> None:
-        if self.path:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass

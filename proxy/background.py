@@ -1,6 +1,6 @@
-"""The proxy's background tasks, started with the app and stopped with it: active health checks, one KV-event
-subscription per worker that announces an events endpoint (following discovery's changes), and Kubernetes
-discovery."""
+"""The proxy's background tasks, started with the app and stopped with it: active health checks, reads of each
+worker's own load (engine_load.py), one KV-event subscription per worker that announces an events endpoint
+(following discovery's changes), and Kubernetes discovery."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import logging
 
 import zmq.asyncio
 
+from .engine_load import load_loop
 from .health import health_loop
 from .kv.subscriber import subscribe
 from .state import ProxyState
@@ -33,6 +34,8 @@ class Background:
         s.pool.on_change(self._changed)
         if s.config.health.interval_s > 0:
             self.tasks.append(asyncio.create_task(health_loop(s), name="health"))
+        if s.config.health.load_interval_s > 0:
+            self.tasks.append(asyncio.create_task(load_loop(s), name="engine-load"))
         if s.config.discovery == "k8s":
             from .discovery.k8s import discovery_loop
 

@@ -85,15 +85,24 @@ class Counter(_Metric):
 
 class Gauge(_Metric):
     _function: Callable[[], float] | None = None
+    _children_function: Callable[[], dict[tuple[str, ...], float]] | None = None
 
     def set_function(self, f: Callable[[], float]) -> None:
         """The gauge's value is f(), read when scraped (a metric without labels)."""
         self._function = f
 
+    def set_children_function(self, f: Callable[[], dict[tuple[str, ...], float]]) -> None:
+        """The gauge's children are f(): {label values: value}, read when scraped."""
+        self._children_function = f
+
     def family(self) -> Metric:
         f = GaugeMetricFamily(self.name, self.doc, labels=self.labelnames)
         if self._function is not None:
             f.add_metric([], float(self._function()))
+            return f
+        if self._children_function is not None:
+            for values, value in self._children_function().items():
+                f.add_metric(list(values), float(value))
             return f
         for values, child in self._children.items():
             f.add_metric(list(values), child.value)
@@ -168,6 +177,12 @@ class ProxyMetrics:
         self.in_flight = Gauge(P + "in_flight", "Requests being served")
         self.queued = Gauge(P + "queued", "Requests waiting for a slot")
         self.worker_healthy = Gauge(P + "worker_healthy", "1 admitted, 0 ejected", ("role", "worker"))
+        self.worker_prompt_tokens = Gauge(
+            P + "worker_prompt_tokens",
+            "Uncached prompt tokens of this proxy's requests in flight on a worker (what it still has to prefill); "
+            "summed over the proxy replicas: the worker's backlog",
+            ("role", "worker"),
+        )
         self.kv_events = Counter(P + "kv_event_batches", "KV-event batches applied", ("worker",))
         self.kv_event_gaps = Counter(P + "kv_event_gaps", "KV-event batches missed (sequence jumps)", ("worker",))
         self.kv_event_errors = Counter(P + "kv_event_errors", "Undecodable KV-event messages", ("worker",))

@@ -104,7 +104,7 @@ class PDFlow:
             prompt_tokens=len(context.token_ids) if context.token_ids else None,
             decoder_hit=self._decoder_hit(context, decoder),
             aligned_block=aligned_block(self.state.kv_index.specs),
-            decoder_busy=decoder.in_flight,
+            decoder_busy=round(decoder.load),  # every proxy's streams where D's /metrics are read
             prefill_hit=self._best_prefill_hit(context),
         )
         self.record.decision(decision)

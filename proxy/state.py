@@ -33,6 +33,9 @@ class ProxyState:
         pool = WorkerPool()
         pool.set_workers("prefill", config.prefill)
         pool.set_workers("decode", config.decode)
+        metrics.worker_prompt_tokens.set_children_function(
+            lambda: {(w.role, w.url): w.queued_tokens for w in pool.all()}
+        )
         return cls(
             config=config,
             pool=pool,

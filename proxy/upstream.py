@@ -91,6 +91,18 @@ class Upstream:
         except (HTTPClientError, OSError, TimeoutError):
             return False
 
+    async def get_text(self, base: str, path: str) -> str | None:
+        """GET base+path: the body when it answers 200, else None (a worker's /metrics: a miss is no error)."""
+        try:
+            resp = await self.pool.request("GET", base, path, None, None, timeout=self.timeouts.health_s)
+            try:
+                raw = await resp.read(self.timeouts.health_s)
+            finally:
+                resp.close()
+        except (HTTPClientError, OSError, TimeoutError):
+            return None
+        return raw.decode("utf-8", "replace") if resp.status == 200 else None
+
     @contextlib.asynccontextmanager
     async def open_post(
         self,

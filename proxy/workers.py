@@ -19,6 +19,16 @@ Role = Literal["prefill", "decode"]
 log = logging.getLogger("hybrid_pd.proxy")
 
 
+@dataclass(frozen=True)
+class EngineLoad:
+    """A worker's own load as its engine reports it (vLLM's /metrics: proxy/engine_load.py): every proxy's
+    requests, not only this one's."""
+
+    running: float  # in the engine's batch
+    waiting: float  # queued for a slot
+    kv_usage: float | None = None  # KV cache in use, 0-1
+
+
 @dataclass(eq=False)
 class Worker:
     url: str
@@ -29,8 +39,19 @@ class Worker:
     healthy: bool = True
     in_flight: int = 0
     queued_tokens: int = 0  # uncached prompt tokens of the requests in flight (what it still has to prefill)
+    engine: EngineLoad | None = None  # the engine's own figures, last read (None: not read, or unreadable)
+    sent_since_read: int = 0  # requests this proxy sent it since `engine` was read
     failures: int = 0  # consecutive failed health checks
     successes: int = 0  # consecutive good health checks while ejected
+
+    @property
+    def load(self) -> float:
+        """Requests on this worker: where its engine's figures are read, everything every proxy sent it
+        (running + waiting, plus what this proxy sent since the read); else this proxy's own in flight. The max
+        with in_flight: this proxy's request still in its prefill leg is not on the decoder's engine yet."""
+        if self.engine is None:
+            return self.in_flight
+        return max(self.in_flight, self.engine.running + self.engine.waiting + self.sent_since_read)
 
     def __repr__(self) -> str:
         state = ("" if self.healthy else " ejected") + (" terminating" if self.terminating else "")
@@ -112,6 +133,7 @@ class Busy:
 
     def __enter__(self) -> Busy:
         self.worker.in_flight += 1
+        self.worker.sent_since_read += 1
         self.worker.queued_tokens += self.tokens
         self._held = True
         return self

@@ -132,6 +132,8 @@ class ProxyConfig:
             out.append("--queue-timeout must be > 0 seconds")
         if self.health.interval_s < 0 or self.health.failures_to_eject < 1 or self.health.successes_to_readmit < 1:
             out.append("--health-interval must be >= 0, --health-failures and --health-successes >= 1")
+        if self.health.load_interval_s < 0:
+            out.append("--load-interval must be >= 0 seconds (0: count only this proxy's requests)")
         if self.drain.delay_s < 0 or self.drain.timeout_s < 0:
             out.append("--drain-delay-s and --drain-timeout-s must be >= 0 seconds")
         if self.kv.grace_s < 0:
@@ -210,6 +212,7 @@ class ProxyConfig:
                 interval_s=float(get("health_interval", 5.0)),
                 failures_to_eject=int(get("health_failures", 2)),
                 successes_to_readmit=int(get("health_successes", 1)),
+                load_interval_s=float(get("load_interval", 1.0)),
             ),
             drain=DrainConfig(delay_s=float(get("drain_delay_s", 5.0)), timeout_s=float(get("drain_timeout_s", 60.0))),
             log_level=str(get("log_level", "INFO")).upper(),

@@ -90,6 +90,7 @@ class HealthConfig:
     interval_s: float = 5.0  # 0 disables active health checks
     failures_to_eject: int = 2
     successes_to_readmit: int = 1
+    load_interval_s: float = 1.0  # reads of each worker's own load (engine_load.py); 0: this proxy's count only
 
 
 @dataclass(frozen=True)

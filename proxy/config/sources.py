@@ -130,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--health-interval", type=float, help="seconds between active health checks (0: off)")
     q.add_argument("--health-failures", type=int, help="consecutive failures that eject a worker (2)")
     q.add_argument("--health-successes", type=int, help="consecutive successes that re-admit it (1)")
+    q.add_argument(
+        "--load-interval",
+        type=float,
+        help="seconds between reads of each worker's own load from its /metrics (running and waiting requests, "
+        "KV-cache use), so that proxy replicas agree on it (1; 0: count only this proxy's requests)",
+    )
     s = p.add_argument_group("shutdown (SIGTERM; a second SIGTERM or SIGINT stops at once)")
     s.add_argument(
         "--drain-delay-s",

@@ -1,4 +1,5 @@
-"""Fewer requests in flight through this proxy = higher score: 1 - in_flight / (busiest + 1)."""
+"""Fewer requests on a worker = higher score: 1 - load / (busiest + 1). The load is the worker's own figure where
+its /metrics are read (every proxy replica's requests: proxy/engine_load.py), else this proxy's in flight."""
 
 from __future__ import annotations
 
@@ -15,5 +16,5 @@ class LeastLoadedScorer:
         pass
 
     def score(self, ctx: RequestContext, workers: Sequence[Worker]) -> list[float]:
-        busiest = max((w.in_flight for w in workers), default=0)
-        return [1.0 - w.in_flight / (busiest + 1) for w in workers]
+        busiest = max((w.load for w in workers), default=0)
+        return [1.0 - w.load / (busiest + 1) for w in workers]

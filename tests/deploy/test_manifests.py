@@ -77,6 +77,38 @@ def test_policy_checks_catch_a_broken_manifest(rendered):
     assert any("open to this release's proxy only" in p for p in problems)
 
 
+def test_policy_checks_ask_what_each_network_policy_selects(rendered):
+    """The hole the check once missed: a worker policy that names a label the pod templates lack (it named
+    app.kubernetes.io/name, which base/kustomization.yaml adds to metadata only, like part-of) selects no pod,
+    so every worker port is open to the cluster."""
+    docs = copy.deepcopy(rendered[1])
+    workers = by_kind(docs, "NetworkPolicy")["hybrid-pd-workers"]["spec"]
+    workers["podSelector"]["matchLabels"]["app.kubernetes.io/part-of"] = "hybrid-pd"
+    workers["ingress"][1]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/part-of"] = "hybrid-pd"
+    problems = policy_problems(docs)
+    names = sorted(w for w, p in pod_templates(docs) if p["metadata"]["labels"][ROLE] in WORKER_ROLES)
+    assert f"NetworkPolicy hybrid-pd-workers selects no pods, not {names}" in problems
+    assert {f"{n}: no NetworkPolicy selects these pods (open to every pod in the cluster)" for n in names} \
+        <= set(problems)
+    assert any("workers cannot reach each other's side channel" in p for p in problems)
+    by_kind(docs, "NetworkPolicy")["hybrid-pd-proxy"]["spec"]["podSelector"] = {
+        "matchLabels": {INSTANCE: "hybrid-pd"}}  # the proxy's policy takes the workers as well
+    problems = policy_problems(docs)
+    assert any(p.startswith("NetworkPolicy hybrid-pd-proxy selects [") and "prefill" in p for p in problems)
+
+
+def test_policy_checks_refuse_worker_ports_open_beyond_the_release(rendered):
+    docs = copy.deepcopy(rendered[1])
+    workers = by_kind(docs, "NetworkPolicy")["hybrid-pd-workers"]["spec"]
+    del workers["ingress"][1]["from"][0]["podSelector"]["matchLabels"][INSTANCE]  # any release's workers
+    workers["ingress"][0]["ports"].append({"port": 22})
+    workers["ingress"].append({"ports": [{"port": "http"}]})  # from anywhere
+    problems = policy_problems(docs)
+    assert any("must carry app.kubernetes.io/instance (other releases' pods match it)" in p for p in problems)
+    assert any("on http and kv-events" in p for p in problems)
+    assert any("a rule without peers admits every pod" in p for p in problems)
+
+
 def test_policy_checks_catch_a_broken_worker(rendered):
     docs = copy.deepcopy(rendered[1])
     where, pod = next((w, p) for w, p in pod_templates(docs) if p["metadata"]["labels"][ROLE] == "decode")
@@ -89,10 +121,33 @@ def test_policy_checks_catch_a_broken_worker(rendered):
     c["securityContext"]["capabilities"]["add"] = ["SYS_ADMIN"]
     pod["spec"]["automountServiceAccountToken"] = True
     c["readinessProbe"] = {"httpGet": {"path": "/health", "port": "http"}}
+    c["resources"]["requests"]["cpu"] = "1"
+    if where in by_kind(docs, "Deployment"):
+        by_kind(docs, "Deployment")[where]["spec"]["strategy"] = {}  # the default: 25% surge
     problems = policy_problems(docs)
+    if "nvidia.com/gpu" in c["resources"]["limits"]:
+        assert any("requests must equal limits (Guaranteed QoS)" in p for p in problems)
+    if where in by_kind(docs, "Deployment"):
+        assert any("maxSurge 0 and maxUnavailable 1" in p for p in problems)
     for wanted in ("preStop sleep", "no --shutdown-timeout", "needs a pinned tag", "requests must equal limits",
                    "adds capabilities ['SYS_ADMIN']", "service-account token", "readinessProbe must test"):
         assert any(wanted in p for p in problems), wanted
+
+
+def test_policy_checks_catch_autoscaling_that_does_not_do_what_it_says():
+    docs = render(K8S / "overlays" / "gpu-autoscale")
+    objs = by_kind(docs, "ScaledObject")
+    assert set(objs) == {"hybrid-pd-prefill", "hybrid-pd-decode", "hybrid-pd-proxy"}
+    decode = objs["hybrid-pd-decode"]["spec"]
+    decode["cooldownPeriod"] = 600  # what it was: nothing at minReplicaCount 1
+    del decode["advanced"]  # the HPA's defaults: 4 pods or 100% per 15 s up, 5 min down
+    trigger = objs["hybrid-pd-prefill"]["spec"]["triggers"][0]["metadata"]
+    trigger["query"] = trigger["query"].replace(', namespace="hybrid-pd"', "")
+    problems = policy_problems(docs)
+    assert any("hybrid-pd-decode: cooldownPeriod applies only" in p for p in problems)
+    assert any("hybrid-pd-decode: scale-up must add at most one worker" in p for p in problems)
+    assert any("hybrid-pd-decode: scale-down needs a stabilization window" in p for p in problems)
+    assert any("hybrid-pd-prefill: query" in p and "must name its namespace (hybrid-pd)" in p for p in problems)
 
 
 def expand(args: list[str], env: dict[str, str]) -> list[str]:
@@ -121,6 +176,20 @@ def test_worker_arguments_are_accepted_by_the_launcher(rendered, monkeypatch):
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert (ports["http"], ports["nixl"], ports["kv-events"]) == (
             cfg.port, cfg.side_channel_port, cfg.kv_events_port)
+
+
+GDN_MODELS = re.compile(r"(?i)qwen3[-.]?(next|5)")  # the hybrids with GDN linear attention
+
+
+def test_engine_flags_fit_the_overlays_model(rendered):
+    """A GDN prefill backend passed to a model without GDN layers (Mamba-2) configures nothing and tells a
+    reader something untrue about the deployment."""
+    _, docs = rendered
+    model = by_kind(docs, "ConfigMap")["hybrid-pd-config"]["data"]["MODEL"]
+    for where, pod in pod_templates(docs):
+        args = " ".join(pod["spec"]["containers"][0].get("args", []))
+        if "gdn_prefill_backend" in args:
+            assert GDN_MODELS.search(model), f"{where}: gdn_prefill_backend for {model}, which has no GDN layers"
 
 
 def test_proxy_discovers_only_its_own_release(rendered, monkeypatch):

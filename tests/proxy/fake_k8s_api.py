@@ -5,6 +5,7 @@
     api.put(endpoint_slice("dec-1", "decode", [endpoint("10.0.0.1")]))   # ADDED or MODIFIED to every watcher
     api.delete("dec-1")                                                  # DELETED
     api.bookmark(); api.expire(); api.drop_watches([abrupt]); api.refuse_watch = 403
+    api.watchers, api.watches_opened                                      # the watches open now, ever opened
 
 Like the real one: a list answers items and the collection's resourceVersion; a watch streams chunked JSON
 lines {"type", "object"} of the events after the resourceVersion it names (410 Gone when that is older than
@@ -57,7 +58,8 @@ class FakeK8sAPI:
         self.refuse_watch: int | None = None  # answer watches with this HTTP status
         self.fail_lists = False
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query)
-        self.watchers: set[asyncio.Queue] = set()
+        self.watchers: set[asyncio.Queue] = set()  # the watches streaming now
+        self.watches_opened = 0  # ever: a test waits for a client's watches to be open before breaking them
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> str:
@@ -132,6 +134,7 @@ class FakeK8sAPI:
             if rv > since:
                 q.put_nowait((kind, s))
         self.watchers.add(q)
+        self.watches_opened += 1
         try:
             while (item := await q.get()) is not None:
                 kind, obj = item

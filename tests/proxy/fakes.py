@@ -46,6 +46,8 @@ class FakeWorker:
     finished: asyncio.Event = field(default_factory=asyncio.Event)  # a generate handler ran to its end
     client_gone: asyncio.Event = field(default_factory=asyncio.Event)  # a generate handler lost its client
     url: str = ""
+    running: int = 0  # generate requests being answered: what /metrics reports, as vLLM's num_requests_running
+    kv_usage: float = 0.0
     _runner: web.AppRunner | None = None
 
     @property
@@ -59,6 +61,7 @@ class FakeWorker:
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -75,6 +78,12 @@ class FakeWorker:
     # ---- handlers ----------------------------------------------------------------------------------------
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 500)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        labels = '{engine="0",model_name="fake-model"}'
+        return web.Response(text=f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{labels} "
+                                 f"{float(self.running)}\nvllm:num_requests_waiting{labels} 0.0\n"
+                                 f"vllm:kv_cache_usage_perc{labels} {self.kv_usage}\n")
 
     async def _models(self, request: web.Request) -> web.Response:
         self.seen.append(Seen(request.path, {}, request.headers.copy()))
@@ -93,6 +102,7 @@ class FakeWorker:
         body = await request.json()
         self.seen.append(Seen(request.path, body, request.headers.copy()))
         self.received.set()
+        self.running += 1
         try:
             if self.hang:
                 await self.release.wait()
@@ -109,6 +119,7 @@ class FakeWorker:
             self.client_gone.set()
             raise
         finally:
+            self.running -= 1
             self.finished.set()
 
     def _prompt_tokens(self, body: dict[str, Any], chat: bool) -> int:
@@ -194,14 +205,15 @@ class Cluster:
 
 @contextlib.asynccontextmanager
 async def cluster(n_prefill: int = 1, n_decode: int = 1, **options: Any) -> AsyncIterator[Cluster]:
-    """Fake workers plus a proxy in front of them (health checks off unless `health_interval` is given)."""
+    """Fake workers plus a proxy in front of them (health checks and load reads off unless `health_interval` or
+    `load_interval` is given: tests count the proxy's connections to the workers)."""
     prefill = [FakeWorker("prefill") for _ in range(n_prefill)]
     decode = [FakeWorker("decode") for _ in range(n_decode)]
     try:
         for w in prefill + decode:
             await w.start()
         flat = {"port": 0, "prefill": [w.url for w in prefill], "decode": [w.url for w in decode],
-                "health_interval": 0, **options}
+                "health_interval": 0, "load_interval": 0, **options}
         config = ProxyConfig.from_flat(flat)
         async with serve_in_background(config) as proxy:
             yield Cluster(proxy, prefill, decode)

@@ -83,6 +83,13 @@ def n_lists(api: FakeK8sAPI) -> int:
     return sum(1 for _, q in api.requests if "watch" not in q)
 
 
+async def watching(api: FakeK8sAPI, opened_before: int = 0) -> None:
+    """Both roles' watches open, each opened after `opened_before` watches. A step that breaks watches (a drop,
+    410 Gone) must wait for this: the pool shows a change as soon as a role's list lands, before its watch
+    opens, and a watch opened after `expire()` from the list's resourceVersion is valid (no 410)."""
+    await until(lambda: api.watches_opened >= opened_before + 2 and len(api.watchers) == 2)
+
+
 def proxy_config(url: str, **extra) -> ProxyConfig:
     return ProxyConfig.from_flat({"port": 0, "discovery": "k8s", "k8s_api_url": url, "health_interval": 0,
                                   "k8s_token_file": "/nonexistent", "k8s_decode_selector": DECODE,
@@ -101,6 +108,7 @@ def test_a_200_pod_fleet_followed_through_its_watch():
                 pool = proxy.state.pool
                 await until(lambda: len(pool.all("decode")) == 200)
                 assert len(pool.admitted("decode")) == 200
+                await watching(api)
                 lists = n_lists(api)
                 first = pool.all("decode")[0]
 
@@ -122,19 +130,25 @@ def test_a_200_pod_fleet_followed_through_its_watch():
                 api.bookmark()
 
                 # the watch drops (cleanly, then abruptly): a change made meanwhile still arrives
+                opened = api.watches_opened
                 api.drop_watches()
                 api.put(endpoint_slice("dec-2", "decode", [endpoint("10.1.2.0")], events=None))
                 await until(lambda: len(pool.all("decode")) == 150)
+                await watching(api, opened)
                 assert n_lists(api) == lists  # renewed from its resourceVersion, not listed again
+                opened = api.watches_opened
                 api.drop_watches(abrupt=True)
                 api.put(endpoint_slice("dec-2", "decode", [endpoint("10.1.2.0"), endpoint("10.1.2.1")], events=None))
                 await until(lambda: len(pool.all("decode")) == 151)
+                await watching(api, opened)
                 assert n_lists(api) == lists + 2  # a failed watch: one poll round per role, then a watch again
 
-                # 410 Gone (the history was compacted): listed again at once, then watched
+                # 410 Gone (the history was compacted): listed again, then watched
+                opened = api.watches_opened
                 api.expire()
                 api.put(endpoint_slice("dec-4", "decode", [endpoint("10.1.4.0")], events=None))
                 await until(lambda: len(pool.all("decode")) == 152)
+                await watching(api, opened)
                 assert n_lists(api) == lists + 4
                 api.put(endpoint_slice("dec-5", "decode", [endpoint("10.1.5.0")], events=None))
                 await until(lambda: len(pool.all("decode")) == 153)

@@ -1,4 +1,5 @@
 """What a reviewer would refuse in a rendered Kubernetes overlay, as a list of problems (tests/deploy).
+NetworkPolicies are checked by what they select: k8s_netpol.py.
 
 Pods are checked wherever they are templated: Deployments, and LeaderWorkerSet leader and worker templates
 (a CRD: no schema to validate against, so these rules are all that checks it).
@@ -13,11 +14,14 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.k8s_netpol import network_problems
+
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 WORKER_ROLES = ("prefill", "decode")
 INSTANCE = "app.kubernetes.io/instance"
 ROLE = "hybrid-pd/role"
 RDMA_CAPABILITIES = {"IPC_LOCK"}  # the only one a container may add (components/ipc-lock)
+READY_PROBE = ["python3", "-m", "hybrid_pd.prefill.ready"]  # prefill/ready.py: the file AND its processes alive
 MIN_START_BUDGET_S = 600  # the H100's slowest first start was 356 s for a 1 B model (base/prefill.yaml)
 
 
@@ -99,9 +103,10 @@ def worker_problems(where: str, c: dict, pod: dict) -> list[str]:
                             f"the launcher's --startup-timeout {launcher:g} s")
     ready_file = flag_value(c["args"], "--ready-file")
     for probe in ("startupProbe", "readinessProbe"):
-        if c.get(probe, {}).get("exec", {}).get("command") != ["test", "-f", ready_file]:
-            problems.append(f"{where}: {probe} must test the launcher's --ready-file (vLLM's /health turns 200 "
-                            "before the warm-up has compiled the kernels clients would wait for)")
+        if c.get(probe, {}).get("exec", {}).get("command") != [*READY_PROBE, ready_file]:
+            problems.append(f"{where}: {probe} must test the launcher's --ready-file with {' '.join(READY_PROBE)} "
+                            "(vLLM's /health turns 200 before the warm-up has compiled the kernels clients would "
+                            "wait for; a file alone outlives a killed container)")
     mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
     if "/dev/shm" not in mounts:
         problems.append(f"{where}: no /dev/shm volume")
@@ -148,6 +153,13 @@ def pod_problems(where: str, pod: dict) -> list[str]:
         problems.append(f"{where}: pods carry no {INSTANCE} label")
     for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
         problems += container_problems(f"{where}/{c['name']}", c, pod, role)
+    containers = pod["spec"].get("initContainers", []) + pod["spec"]["containers"]
+    if any("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) for c in containers):
+        for c in containers:  # Guaranteed QoS: every container, init containers included
+            res = c.get("resources", {})
+            if any(res.get("requests", {}).get(k) != res.get("limits", {}).get(k) for k in ("cpu", "memory")):
+                problems.append(f"{where}/{c['name']}: a GPU pod's cpu and memory requests must equal limits "
+                                "(Guaranteed QoS)")
     main = pod["spec"]["containers"][0]
     for probe in ("readinessProbe", "livenessProbe"):
         if probe not in main:
@@ -169,6 +181,10 @@ def release_problems(docs: list[dict]) -> list[str]:
             problems.append(f"{name}: selector must carry {INSTANCE} and match its pods")
         role = sel.get(ROLE)
         if role in WORKER_ROLES:
+            rolling = dep["spec"].get("strategy", {}).get("rollingUpdate", {})
+            if str(rolling.get("maxSurge", "25%")) not in ("0", "0%") or rolling.get("maxUnavailable") != 1:
+                problems.append(f"{name}: rollouts need maxSurge 0 and maxUnavailable 1 (a surge pod waits for "
+                                "a spare GPU)")
             start = probe_budget_s(dep["spec"]["template"]["spec"]["containers"][0].get("startupProbe", {}))
             if dep["spec"].get("progressDeadlineSeconds", 600) <= start:
                 problems.append(f"{name}: progressDeadlineSeconds must exceed the start budget ({start} s)")
@@ -198,40 +214,37 @@ def release_problems(docs: list[dict]) -> list[str]:
     return problems
 
 
-def network_problems(docs: list[dict]) -> list[str]:
-    """Worker HTTP and KV-event ports are open to the proxy of the same release only; workers reach workers."""
-    policy = next((p for n, p in by_kind(docs, "NetworkPolicy").items() if n.endswith("hybrid-pd-workers")), None)
-    if policy is None:
-        return ["no NetworkPolicy hybrid-pd-workers"]
-    problems = []
-    for rule in policy["spec"]["ingress"]:
-        ports = {p["port"] for p in rule.get("ports", [])}
-        sources = rule.get("from", [])
-        labels = [s.get("podSelector", {}).get("matchLabels", {}) for s in sources]
-        if ports & {"http", "kv-events"} and any("namespaceSelector" in s for s in sources):
-            continue  # a metrics scraper (components/servicemonitor): http only, checked below
-        if ports & {"http", "kv-events"} and not all(lab.get(ROLE) == "proxy" and INSTANCE in lab for lab in labels):
-            problems.append(f"worker ports {sorted(ports)} must be open to this release's proxy only")
-        if not ports and not all(INSTANCE in lab and "podSelector" in s for lab, s in zip(labels, sources)):
-            problems.append("workers' other ports must be open to this release's workers only")
-        if "kv-events" in ports and any("namespaceSelector" in s for s in sources):
-            problems.append("KV events must not be open to other namespaces")
-    return problems
-
-
 def custom_resource_problems(docs: list[dict]) -> list[str]:
     """ScaledObjects, ServiceMonitors: no schema here, so check what would silently do nothing."""
     problems = []
     deployments = by_kind(docs, "Deployment")
     instances = {p["metadata"]["labels"].get(INSTANCE) for _, p in pod_templates(docs)}
     for name, so in by_kind(docs, "ScaledObject").items():
-        if so["spec"]["scaleTargetRef"]["name"] not in deployments:
+        spec = so["spec"]
+        if spec["scaleTargetRef"]["name"] not in deployments:
             problems.append(f"ScaledObject {name}: scales no Deployment of this overlay")
-        for trigger in so["spec"]["triggers"]:
+        namespace = so["metadata"].get("namespace")
+        for trigger in spec["triggers"]:
             query = trigger["metadata"].get("query", "")
-            if trigger["type"] == "prometheus" and not {f'app_kubernetes_io_instance="{i}"' for i in instances} \
-                    & set(re.findall(r'app_kubernetes_io_instance="[^"]*"', query)):
-                problems.append(f"ScaledObject {name}: query {query!r} names another release")
+            if trigger["type"] != "prometheus":
+                continue
+            for selector in re.findall(r"\{[^}]*\}", query) or [""]:  # every series it sums
+                if not {f'app_kubernetes_io_instance="{i}"' for i in instances} \
+                        & set(re.findall(r'app_kubernetes_io_instance="[^"]*"', selector)):
+                    problems.append(f"ScaledObject {name}: query {query!r} names another release")
+                if namespace is None or f'namespace="{namespace}"' not in selector:
+                    problems.append(f"ScaledObject {name}: query {query!r} must name its namespace "
+                                    f"({namespace or 'none set'}): another release elsewhere exports the same series")
+        if "cooldownPeriod" in spec and spec.get("minReplicaCount", 0) >= 1:
+            problems.append(f"ScaledObject {name}: cooldownPeriod applies only to scaling to and from zero")
+        behavior = spec.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior", {})
+        if spec["scaleTargetRef"]["name"].endswith(WORKER_ROLES):
+            up = behavior.get("scaleUp", {}).get("policies", [])
+            if not up or any(p["type"] != "Pods" or p["value"] / p["periodSeconds"] > 1 / 120 for p in up):
+                problems.append(f"ScaledObject {name}: scale-up must add at most one worker per 2 min (a worker "
+                                "takes minutes to start; the HPA would add one per sync meanwhile)")
+            if behavior.get("scaleDown", {}).get("stabilizationWindowSeconds", 300) < 600:
+                problems.append(f"ScaledObject {name}: scale-down needs a stabilization window >= 10 min")
     for name, sm in by_kind(docs, "ServiceMonitor").items():
         sel = sm["spec"]["selector"]["matchLabels"]
         chosen = [s for s in by_kind(docs, "Service").values() if selects(sel, s["metadata"].get("labels", {}))]
@@ -244,4 +257,5 @@ def policy_problems(docs: list[dict]) -> list[str]:
     problems = []
     for where, pod in pod_templates(docs):
         problems += pod_problems(where, pod)
-    return problems + release_problems(docs) + network_problems(docs) + custom_resource_problems(docs)
+    return (problems + release_problems(docs) + network_problems(docs, dict(pod_templates(docs)))
+            + custom_resource_problems(docs))
