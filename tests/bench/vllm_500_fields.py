@@ -40,7 +40,10 @@ WRONG_VALUES: dict[str, typing.Any] = {
     "int": 7,
     "negative int": -1,
     "zero": 0,
+    "int64 max + 1": 2**63,
     "huge int": 2**64,
+    "huge negative int": -(2**64),
+    "huge float": 1e308,
     "float": 1.5,
     "string": "x",
     "empty string": "",
@@ -49,10 +52,12 @@ WRONG_VALUES: dict[str, typing.Any] = {
     "empty list": [],
     "int list": [1],
     "string list": ["x"],
+    "huge int list": [2**64],
     "nested list": [[1]],
     "list of objects": [{}],
     "empty object": {},
     "object": {"a": 1},
+    "object of huge int": {"a": 2**64},
     "typed object": {"type": "x"},
 }
 
