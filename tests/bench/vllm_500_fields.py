@@ -264,7 +264,7 @@ def write(out: Path, found: list[dict], counts: Counter, argv: list[str], engine
         values = ", ".join(f"{r['value']} ({r['status']})" for r in rows)
         lines.append(f"| {endpoint} | `{field}` | {values} | {answer} | {alive} |")
     lines += ["", "One body per field (the first value that failed):", ""]
-    for (endpoint, field), rows in sorted(by_field.items()):
+    for (endpoint, _field), rows in sorted(by_field.items()):
         lines.append(f"- {PATHS[endpoint]} `{json.dumps(rows[0]['body'])}`")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 

@@ -22,9 +22,10 @@ COMPLETION = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 1}
 
 async def post(body: dict, path: str = "/v1/completions") -> tuple[int, dict, int]:
     """(status, answer, generate calls the workers saw) for one body sent to a fresh proxy."""
-    async with cluster() as c, aiohttp.ClientSession() as s:
-        async with s.post(c.url + path, data=json.dumps(body), headers={"Content-Type": "application/json"}) as r:
-            return r.status, await r.json(), len(c.p.generate_calls) + len(c.d.generate_calls)
+    headers = {"Content-Type": "application/json"}
+    async with cluster() as c, aiohttp.ClientSession() as s, s.post(c.url + path, data=json.dumps(body),
+                                                                      headers=headers) as r:
+        return r.status, await r.json(), len(c.p.generate_calls) + len(c.d.generate_calls)
 
 
 def test_the_findings_cover_every_field_that_gave_vllm_a_500():
