@@ -252,6 +252,12 @@ def _dotted(path: Path_) -> str:
     return "".join(f"[{k}]" if isinstance(k, int) else ("." if i else "") + k for i, k in enumerate(path))
 
 
+def _how(finding: dict) -> str:
+    """The status, or how a 200 stream was cut."""
+    cut = finding["answer"].startswith("SSE error event")
+    return f"200 stream, SSE error {finding['status']}" if cut else str(finding["status"])
+
+
 def write(out: Path, found: list[dict], counts: Counter, argv: list[str], engine: Engine) -> None:
     import vllm
 
@@ -271,7 +277,7 @@ def write(out: Path, found: list[dict], counts: Counter, argv: list[str], engine
     for (endpoint, field), rows in sorted(by_field.items()):
         answer = rows[0]["answer"].replace("|", "\\|").replace("\n", " ")[:160]
         alive = all(r["engine_alive_after"] for r in rows)
-        values = ", ".join(f"{r['value']} ({r['status']})" for r in rows)
+        values = ", ".join(f"{r['value']} ({_how(r)})" for r in rows)
         lines.append(f"| {endpoint} | `{field}` | {values} | {answer} | {alive} |")
     lines += ["", "One body per field (the first value that failed):", ""]
     for (endpoint, _field), rows in sorted(by_field.items()):

@@ -38,10 +38,16 @@ def engine_url(request):
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
+    """(status, answer); a 200 stream that ends in an SSE error event counts as that event's code."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
+            raw = r.read()
+            if r.headers.get_content_type() != "text/event-stream":
+                return r.status, json.loads(raw)
+            events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith(b"data: {")]
+            cut = [e for e in events if "error" in e]
+            return (cut[0]["error"]["code"], cut[0]) if cut else (r.status, {"events": events})
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
 
