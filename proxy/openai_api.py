@@ -1,8 +1,9 @@
 """The OpenAI request as the proxy sees it: parsed and type-checked once, then turned into the prefill body
 and the decode body.
 
-Only what the proxy itself relies on is checked here (a malformed body is a 400, never a crash); the
-semantics of sampling fields are the worker's to judge, and its 4xx is passed through.
+Only what the proxy itself relies on, and the values vLLM would answer with a 500, are checked here
+(request_fields.py; a malformed body is a 400, never a crash); the semantics of sampling fields are the
+worker's to judge, and its 4xx is passed through.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from .errors import BadRequest
+from .request_fields import check_fields
 
 Endpoint = Literal["completions", "chat"]
 PATHS: dict[Endpoint, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -143,13 +145,7 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> OpenAIRequest:
         raise BadRequest(f"request body is nested too deeply (more than {MAX_NESTING} levels)")
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    _check_type(body, "model", str)
-    _check_type(body, "stream", bool)
-    _check_type(body, "stream_options", dict)
-    _check_type(body, "user", str)
-    _check_type(body, "n", int)
-    for name in ("max_tokens", "max_completion_tokens", "min_tokens"):
-        _check_type(body, name, int)
+    check_fields(body)
     stream = bool(body.get("stream", False))
     _check_output_fields(body, endpoint, stream)
     include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage", False))
@@ -227,17 +223,6 @@ def _check_output_fields(body: dict[str, Any], endpoint: Endpoint, stream: bool)
 def _int(body: dict[str, Any], name: str) -> int | None:
     v = body.get(name)
     return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _check_type(body: dict[str, Any], name: str, typ: type) -> None:
-    v = body.get(name)
-    if v is None:
-        return
-    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-        raise BadRequest(f"'{name}' must be of type {_TYPE_NAMES[typ]}", param=name)
-
-
-_TYPE_NAMES = {str: "string", bool: "boolean", int: "integer", dict: "object"}
 
 
 def _is_token_list(x: Any) -> bool:

@@ -21,6 +21,7 @@ from .app import serve_in_background
 from .config import ProxyConfig
 from .config.sources import load_config
 from .errors import ConfigError
+from .memory import return_large_buffers_to_the_os
 
 log = logging.getLogger("hybrid_pd.proxy")
 
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse: --help or a malformed flag
         return int(e.code or 0) if not isinstance(e.code, str) else 2
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return_large_buffers_to_the_os()
     try:
         import uvloop
 

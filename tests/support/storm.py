@@ -36,7 +36,7 @@ class Outcome:
     seconds: float  # until the answer ended, the client hung up, or the socket timed out
     status: int | None = None  # None: the client hung up before a status line, or never got one
     problem: str = ""  # what a demanding client would complain of ("" when the answer was right)
-    cut: bool = False  # a 200 stream that ended with an SSE error event (its worker died mid-answer)
+    cut: bool = False  # a 200 stream that ended with an SSE error event: a failure (its problem says so)
 
 
 @dataclass
@@ -138,15 +138,16 @@ class Storm:
                 if not line.startswith(b"data: "):
                     continue
                 events += 1
-                if hang_up_after is not None and events >= hang_up_after:
-                    return  # the client leaves mid-stream (finally: its socket closes)
                 payload = line[6:].strip()
                 if payload == b"[DONE]":
                     return
                 if b'"error"' in payload and "error" in json.loads(payload):
-                    out.cut = True
-                    out.problem = error_shape_problem(json.loads(payload))
+                    out.cut = True  # the client got a 200 and then no answer: a failed request
+                    event = json.loads(payload)
+                    out.problem = f"cut stream: {error_shape_problem(event) or event['error']['message']!s:.200}"
                     return
+                if hang_up_after is not None and events >= hang_up_after:
+                    return  # the client leaves mid-stream (finally: its socket closes)
             out.problem = "the stream ended without [DONE] or an error event"
         finally:
             conn.close()
@@ -217,6 +218,6 @@ def summary(outcomes: list[Outcome]) -> dict:
     return {"requests": len(outcomes),
             "by_status": dict(Counter(str(o.status) for o in outcomes)),
             "by_kind": dict(Counter(o.kind for o in outcomes)),
-            "cut_streams": sum(o.cut for o in outcomes),
+            "cut_streams": sum(o.cut for o in outcomes),  # each is also among the problems
             "max_seconds": round(max(answered, default=0.0), 2),
             "problems": [f"{o.kind}: {o.problem}" for o in outcomes if o.problem]}
