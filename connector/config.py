@@ -7,6 +7,8 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
     read_timeout_s      HYBRID_PD_READ_TIMEOUT_S       30         a READ's deadline on D, seconds
     lease_s             HYBRID_PD_LEASE_S              120        how long P keeps blocks no decoder read, seconds
     ship_checkpoints    HYBRID_PD_SHIP_CHECKPOINTS     1          ship P's aligned Mamba checkpoint to D
+    prefill_to_boundary HYBRID_PD_PREFILL_TO_BOUNDARY  1          P stops at the last block boundary below the
+                                                                  prompt's end (one engine step); 0: at N-1
     nixl_backend        HYBRID_PD_NIXL_BACKEND         UCX        UCX or LIBFABRIC
     progress_thread     HYBRID_PD_NIXL_PROGRESS_THREAD 1          NIXL's own progress thread (0: the engine's
                                                                   steps drive the transfers; CPU launchers)
@@ -57,6 +59,7 @@ class ConnectorConfig:
     idle_wait_ms: float = 0.0
     nixl_delay_us: int = 1000
     keep_affinity: bool = False
+    prefill_to_boundary: bool = True
 
     @classmethod
     def from_sources(cls, extra: Mapping[str, Any], env: Mapping[str, str]) -> ConnectorConfig:
@@ -78,6 +81,9 @@ class ConnectorConfig:
             read_timeout_s=setting("read_timeout_s", "HYBRID_PD_READ_TIMEOUT_S", 30.0, float),
             lease_s=setting("lease_s", "HYBRID_PD_LEASE_S", 120.0, float),
             ship_checkpoints=setting("ship_checkpoints", "HYBRID_PD_SHIP_CHECKPOINTS", True, _flag),
+            prefill_to_boundary=setting(
+                "prefill_to_boundary", "HYBRID_PD_PREFILL_TO_BOUNDARY", True, _flag
+            ),
             nixl_backend=nixl_backend(extra, env),  # checked in both roles: a typo fails at start-up
             progress_thread=setting("progress_thread", "HYBRID_PD_NIXL_PROGRESS_THREAD", True, _flag),
             idle_wait_ms=setting("idle_wait_ms", "HYBRID_PD_IDLE_WAIT_MS", 0.0, float),

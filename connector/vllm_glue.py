@@ -30,7 +30,7 @@ from hybrid_pd.connector.plan import GroupSpec
 from hybrid_pd.connector.scheduler_side import SchedulerSide
 from hybrid_pd.connector.step import StepMeta
 from hybrid_pd.connector.vllm_checkpoints import BlockPoolCheckpoints
-from hybrid_pd.connector.vllm_request import drop_last_prompt_token
+from hybrid_pd.connector.vllm_request import truncate_prompt
 from hybrid_pd.connector.worker_side import WorkerSide
 
 log = logging.getLogger("vllm.hybrid_pd.connector")
@@ -120,6 +120,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 groups=self.groups,
                 lease_s=self.config.lease_s,
                 ship_checkpoints=self.config.ship_checkpoints,
+                prefill_to_boundary=self.config.prefill_to_boundary,
             )
 
     @classmethod
@@ -144,8 +145,9 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         return tuple(range(len(self.groups)))
 
     def on_new_request(self, request) -> None:
-        if _scheduler(self).on_new_request(request):
-            drop_last_prompt_token(request)
+        keep = _scheduler(self).on_new_request(request)
+        if keep:
+            truncate_prompt(request, keep)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         return _scheduler(self).get_num_new_matched_tokens(request, num_computed_tokens)

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 
-def drop_last_prompt_token(request: Any) -> None:
-    """P computes N-1 prompt tokens of a request it prefills for a decoder (scheduler_side.on_new_request)."""
-    del request.prompt_token_ids[-1]
-    del request._all_token_ids[-1]
-    request.num_prompt_tokens -= 1
+def truncate_prompt(request: Any, keep: int) -> None:
+    """P computes the first `keep` prompt tokens of a request it prefills for a decoder
+    (scheduler_side.on_new_request says how many)."""
+    assert 0 < keep < request.num_prompt_tokens, (keep, request.num_prompt_tokens)
+    del request.prompt_token_ids[keep:]
+    del request._all_token_ids[keep:]
+    request.num_prompt_tokens = keep

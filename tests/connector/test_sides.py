@@ -19,7 +19,7 @@ from hybrid_pd.connector.plan import GroupSpec, Run
 from hybrid_pd.connector.scheduler_side import SchedulerSide
 from hybrid_pd.connector.step import StepMeta
 from hybrid_pd.connector.transport import InMemoryTransport
-from hybrid_pd.connector.vllm_request import drop_last_prompt_token
+from hybrid_pd.connector.vllm_request import truncate_prompt
 from hybrid_pd.connector.worker_side import WorkerSide
 
 GROUPS = [GroupSpec("mamba", 4), GroupSpec("attention", 4)]
@@ -53,12 +53,33 @@ class FakeStore:
         self.released += list(block_ids)
 
 
-def test_prefiller_cuts_one_token_and_returns_params_with_a_pinned_checkpoint():
-    store = FakeStore()
-    p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, lease_s=9, checkpoints=store)
+def test_prefiller_stops_at_the_last_block_boundary_below_the_prompts_end():
+    """One engine step on P (no tail step); the state D resumes from is an aligned checkpoint itself."""
+    p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, lease_s=9, checkpoints=FakeStore())
+    for n, keep in ((11, 8), (12, 8), (13, 12), (9, 8), (5, 4), (4, 3), (3, 2)):  # aligned N: a block back
+        req = request(n, {"do_remote_decode": True})
+        assert p.on_new_request(req) == keep, n
+        truncate_prompt(req, keep)
+        assert req.num_prompt_tokens == keep == len(req.prompt_token_ids) == len(req._all_token_ids)
+        assert p.on_new_request(req) == 0  # once (preemption)
     req = request(11, {"do_remote_decode": True})
-    assert p.on_new_request(req)
-    drop_last_prompt_token(req)
+    p.on_new_request(req)
+    truncate_prompt(req, 8)
+    req.num_computed_tokens = 8
+    delay, params = p.request_finished(req, ([0, 3], [5, 6]), finished_ok=True)
+    assert delay and params["remote_num_tokens"] == 8 and params["checkpoints"] == []  # nothing extra crosses
+    attention_only = SchedulerSide(engine_id="P", host="h", port=7, groups=[GroupSpec("attention", 4)])
+    assert attention_only.on_new_request(request(11, {"do_remote_decode": True})) == 10  # N-1: no split there
+
+
+def test_prefiller_cuts_one_token_and_returns_params_with_a_pinned_checkpoint():
+    """HYBRID_PD_PREFILL_TO_BOUNDARY=0: P computes N-1 tokens and ships the checkpoint below them."""
+    store = FakeStore()
+    p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, lease_s=9, checkpoints=store,
+                      prefill_to_boundary=False)
+    req = request(11, {"do_remote_decode": True})
+    assert p.on_new_request(req) == 10
+    truncate_prompt(req, 10)
     assert not p.on_new_request(req)  # once (preemption)
     assert req.num_prompt_tokens == 10 and len(req.prompt_token_ids) == 10 and req.max_tokens == 1
     req.num_computed_tokens = 10
