@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # hybrid-pd developer entry point. Creates or refreshes the project's virtual environment, then runs:
 #   bash deploy/dev.sh demo    run the whole system on its embedded default (tiny model, 1 P + 1 D + proxy)
-#   bash deploy/dev.sh test    run the test suite (what CI runs)
+#   bash deploy/dev.sh test    run the test suite (what CI runs): the fast lane, then the engine lane
 #   bash deploy/dev.sh bench   run the benchmark harness (tests/bench/run.py; writes tests/bench/results/)
 #   bash deploy/dev.sh env     only set up the environment and print the venv's path
 #   bash deploy/dev.sh run ARGS...   run any command inside the environment
@@ -75,7 +75,11 @@ cd "$ROOT"
 case "$cmd" in
   env)  echo "$VENV" ;;
   demo) exec "$VENV/bin/hybrid-pd" demo "$@" ;;
-  test) exec "$VENV/bin/python" -m pytest tests "$@" ;;
+  test)  # two lanes: the fast one (no vLLM engine) fails first; then the tests that start engines
+    lane() { local name=$1 t0=$SECONDS; shift; log "test lane: $name"
+             "$VENV/bin/python" -m pytest tests "$@" || { log "lane $name failed after $((SECONDS - t0)) s"; return 1; }
+             log "lane $name passed in $((SECONDS - t0)) s"; }
+    lane fast -m "not engines" "$@" && lane engines -m engines --cov-append "$@" ;;
   bench) exec "$VENV/bin/python" -m tests.bench.run "$@" ;;
   run)  exec "$@" ;;
   *)    echo "usage: bash deploy/dev.sh {demo|test|bench|env|run CMD...}" >&2; exit 2 ;;

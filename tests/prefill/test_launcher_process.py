@@ -11,6 +11,7 @@ from hybrid_pd.prefill.warmup import CONCURRENT, EXTEND_TOKENS, MAX_TOKENS, ODD,
 from tests.support.procs import HYBRID_PD, free_port, metric_sum, scrape_metrics, worker_argv
 
 
+@pytest.mark.engines  # starts vLLM (which dies on a flag it does not know, after importing torch and itself)
 def test_vllm_dying_at_startup_exits_nonzero_with_its_last_lines(tiny_model):
     before = {p.pid for p in psutil.process_iter()}
     run = subprocess.run(
@@ -32,6 +33,7 @@ def test_broken_configuration_is_refused_before_vllm_starts(tiny_model):
     assert "use --conv-state-layout DS" in run.stderr and "vllm" not in run.stdout.lower()
 
 
+@pytest.mark.engines  # a real engine, warmed up
 def test_the_launcher_warms_its_engine_up_then_writes_its_ready_file(tiny_model, launch, tmp_path):
     """The warm-up (a prompt from scratch, then the same prompt extended: a prefix hit from its aligned
     checkpoint; the prompt doubled: a long tail from that checkpoint; then a batch at once) runs through vLLM
