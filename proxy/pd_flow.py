@@ -27,7 +27,7 @@ from typing import Any
 from .disagg import REMOTE, REMOTE_DECODER_BUSY, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .http.request import Request
-from .kv.index import aligned_block
+from .kv.groups import aligned_block
 from .metrics import FlowRecorder
 from .openai_api import OpenAIRequest
 from .relay import relay_json, relay_sse

@@ -57,12 +57,30 @@ def chained_block_hashes(
 ) -> list[bytes]:
     """Hashes of every full `hash_block_size` chunk of `token_ids`, as vLLM's request block hasher computes
     them (a trailing partial chunk is not hashed)."""
-    fn = HASH_FUNCTIONS[algo]
-    parent = none_hash(algo, seed)
+    tokens = tuple(token_ids)
+    return extend_chain(none_hash(algo, seed), tokens, hash_block_size, 0, len(tokens) // hash_block_size, algo, cache_salt)
+
+
+def extend_chain(
+    parent: bytes, tokens: tuple[int, ...], h: int, first: int, last: int, algo: str, cache_salt: str | None = None
+) -> list[bytes]:
+    """The chained hashes of blocks [first, last) of `tokens` at granularity h, `parent` being block first-1's
+    (NONE_HASH for block 0). The default algorithm is inlined: this is the proxy's hot path (one pickle and one
+    sha256 per block, as vLLM's own hasher does; nothing cheaper gives the same bytes)."""
     out: list[bytes] = []
-    for start in range(0, len(token_ids) - hash_block_size + 1, hash_block_size):
-        extra = (("cache_salt", cache_salt),) if (start == 0 and cache_salt) else None
-        parent = fn((parent, tuple(token_ids[start : start + hash_block_size]), extra))
+    if first == 0 and cache_salt and last > 0:
+        parent = HASH_FUNCTIONS[algo]((parent, tokens[:h], (("cache_salt", cache_salt),)))
+        out.append(parent)
+        first = 1
+    if algo == "sha256":
+        dumps, sha, proto, append = pickle.dumps, hashlib.sha256, pickle.HIGHEST_PROTOCOL, out.append
+        for start in range(first * h, last * h, h):
+            parent = sha(dumps((parent, tokens[start : start + h], None), proto)).digest()
+            append(parent)
+        return out
+    fn = HASH_FUNCTIONS[algo]
+    for start in range(first * h, last * h, h):
+        parent = fn((parent, tokens[start : start + h], None))
         out.append(parent)
     return out
 
@@ -70,6 +88,55 @@ def chained_block_hashes(
 def as_int_hash(h: bytes) -> int:
     """The form vLLM publishes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1 (low 64 bits, big endian)."""
     return int.from_bytes(h, "big") & ((1 << 64) - 1)
+
+
+# The routing index keys a block by the low 60 bits of its hash: what a worker publishing ints sends (the low 64)
+# and what one publishing sha256 bytes sends map to the same key, and a 60-bit int is a two-digit Python int.
+# Two blocks share a key with odds 2^-60 per pair: routing is a hint, such a clash costs a recompute at worst.
+KEY_MASK = (1 << 60) - 1
+
+
+def block_key(h: bytes | int) -> int:
+    """The index key of a published block hash (sha256 bytes or vLLM's int form)."""
+    return (h if isinstance(h, int) else int.from_bytes(h[-8:], "big")) & KEY_MASK
+
+
+def keys_of(digests: list[bytes]) -> list[int]:
+    """block_key of many sha256 digests at once (one unpack instead of one call per digest)."""
+    if not digests:
+        return []
+    words = struct.unpack(f">{4 * len(digests)}Q", b"".join(digests))
+    return [w & KEY_MASK for w in words[3::4]]
+
+
+class PromptKeys:
+    """One prompt's block keys at granularity h, hashed only as far as a reader asks: routing walks the blocks in
+    order and stops where no worker holds the prefix, so the rest is never hashed."""
+
+    CHUNK = 16  # blocks hashed per extension: amortizes the call without hashing far past the last hit
+
+    def __init__(
+        self, token_ids: Sequence[int], h: int, algo: str = "sha256", seed: str = DEFAULT_NONE_HASH_SEED,
+        cache_salt: str | None = None,
+    ) -> None:
+        self._tokens = tuple(token_ids)
+        self.h, self.algo, self.cache_salt = h, algo, cache_salt
+        self.total = len(self._tokens) // h if h > 0 else 0  # full blocks in the prompt
+        self.keys: list[int] = []
+        self._parent = none_hash(algo, seed)
+
+    def upto(self, n: int) -> list[int]:
+        """self.keys, holding at least the first min(n, total) keys."""
+        if n > len(self.keys) < self.total:
+            first = len(self.keys)
+            last = min(self.total, max(n, first + self.CHUNK))
+            digests = extend_chain(self._parent, self._tokens, self.h, first, last, self.algo, self.cache_salt)
+            if len(digests[0]) == 32:
+                self.keys += keys_of(digests)
+            else:
+                self.keys += [block_key(d) for d in digests]
+            self._parent = digests[-1]
+        return self.keys
 
 
 # ---- canonical CBOR (RFC 8949 section 4.2.1), enough for the hashed tuples -------------------------------
