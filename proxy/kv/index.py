@@ -254,7 +254,7 @@ class KVIndex:
 
 def _keys(hashes: list[bytes | int]) -> list[int]:
     """The index keys of an event's block hashes (all sha256 digests, the usual case, in one unpack)."""
-    if isinstance(hashes[0], bytes) and set(map(len, hashes)) == {32}:
+    if hashes and isinstance(hashes[0], bytes) and set(map(len, hashes)) == {32}:
         return keys_of(hashes)  # type: ignore[arg-type]
     return [block_key(x) for x in hashes]
 
