@@ -88,6 +88,7 @@ class PDFlow:
             cache_salt=_str_or_none(body.body.get("cache_salt")),
             hash_algo=self.config.kv.hash_algo,
             hash_seed=self.state.kv_index.seed,
+            hash_cache=self.state.hash_cache,
         )
         loop = self.loop
         if loop is None:

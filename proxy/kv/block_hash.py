@@ -109,36 +109,6 @@ def keys_of(digests: list[bytes]) -> list[int]:
     return [w & KEY_MASK for w in words[3::4]]
 
 
-class PromptKeys:
-    """One prompt's block keys at granularity h, hashed only as far as a reader asks: routing walks the blocks in
-    order and stops where no worker holds the prefix, so the rest is never hashed."""
-
-    CHUNK = 16  # blocks hashed per extension: amortizes the call without hashing far past the last hit
-
-    def __init__(
-        self, token_ids: Sequence[int], h: int, algo: str = "sha256", seed: str = DEFAULT_NONE_HASH_SEED,
-        cache_salt: str | None = None,
-    ) -> None:
-        self._tokens = tuple(token_ids)
-        self.h, self.algo, self.cache_salt = h, algo, cache_salt
-        self.total = len(self._tokens) // h if h > 0 else 0  # full blocks in the prompt
-        self.keys: list[int] = []
-        self._parent = none_hash(algo, seed)
-
-    def upto(self, n: int) -> list[int]:
-        """self.keys, holding at least the first min(n, total) keys."""
-        if n > len(self.keys) < self.total:
-            first = len(self.keys)
-            last = min(self.total, max(n, first + self.CHUNK))
-            digests = extend_chain(self._parent, self._tokens, self.h, first, last, self.algo, self.cache_salt)
-            if len(digests[0]) == 32:
-                self.keys += keys_of(digests)
-            else:
-                self.keys += [block_key(d) for d in digests]
-            self._parent = digests[-1]
-        return self.keys
-
-
 # ---- canonical CBOR (RFC 8949 section 4.2.1), enough for the hashed tuples -------------------------------
 def cbor_canonical(obj: Any) -> bytes:
     out = bytearray()

@@ -21,7 +21,7 @@ token, so a hit is at most len(prompt) - 1 tokens. The answers are those of a wa
 
 from __future__ import annotations
 
-from .block_hash import PromptKeys
+from .prompt_keys import PromptKeys
 from .block_map import BlockMap
 from .groups import ATTENTION_KINDS, MAMBA_KIND, EventGroup, aligned_block
 

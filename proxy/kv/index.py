@@ -27,12 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config.sections import same_engine
-from .block_hash import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED, PromptKeys, block_key, keys_of
+from .block_hash import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED, block_key, keys_of
 from .block_map import BlockMap
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from .fleet_hit import usable_hits
 from .groups import DEVICE_MEDIA, EventGroup, hash_block_size
 from .hash_check import hash_granularity
+from .prompt_keys import PromptKeys
 
 log = logging.getLogger("hybrid_pd.proxy")
 KeysFor = Callable[[int], PromptKeys]  # hash block size -> the prompt's keys at it (cached per request)
@@ -106,6 +107,9 @@ class KVIndex:
         if index is None:
             return
         if self.grace_s > 0:
+            earlier = self.retired.pop(url, None)  # retired before, then back without revive: superseded
+            if earlier is not None:
+                self._kill(earlier.index.slot)
             self.retired[url] = Retired(index, identity, self.clock())
         else:
             self._kill(index.slot)

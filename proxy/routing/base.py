@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..config.sections import KVIndexConfig
-from ..kv.block_hash import PromptKeys
+from ..kv.prompt_keys import ChainCache, PromptKeys
 from ..kv.index import KVIndex
 from ..workers import Worker
 
@@ -29,6 +29,7 @@ class RequestContext:
     hash_algo: str = "sha256"
     hash_seed: str = "vllm-none-hash"
     hits: dict[str, int] = field(default_factory=dict)  # worker URL -> usable hybrid hit (tokens)
+    hash_cache: ChainCache | None = None  # the proxy's, shared by its requests
     hits_known: bool = False  # hits holds every indexed worker's (one pass over the index, kv_hit.hit_tokens)
     _keys: dict[int, PromptKeys] = field(default_factory=dict)
 
@@ -37,7 +38,7 @@ class RequestContext:
         keys = self._keys.get(hash_block_size)
         if keys is None:
             keys = self._keys[hash_block_size] = PromptKeys(
-                self.token_ids or (), hash_block_size, self.hash_algo, self.hash_seed, self.cache_salt
+                self.token_ids or (), hash_block_size, self.hash_algo, self.hash_seed, self.cache_salt, self.hash_cache
             )
         return keys
 

@@ -106,7 +106,7 @@ def assert_same_answers(old: OracleIndex, new: KVIndex, configured: int) -> None
 
 
 def new_keys(tokens, h):
-    from hybrid_pd.proxy.kv.block_hash import PromptKeys
+    from hybrid_pd.proxy.kv.prompt_keys import PromptKeys
 
     return PromptKeys(tokens, h)
 

@@ -1,0 +1,53 @@
+"""A prompt's keys, lazily and through the cross-request chain cache, are the keys of vLLM's chained hashes."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybrid_pd.proxy.kv.block_hash import block_key, chained_block_hashes
+from hybrid_pd.proxy.kv.prompt_keys import ChainCache, PromptKeys
+
+BASE = list(range(70000, 70064))
+
+
+def expected(tokens, h, algo="sha256", seed="vllm-none-hash", salt=None):
+    return [block_key(x) for x in chained_block_hashes(tokens, h, algo, seed, salt)]
+
+
+prompt = st.tuples(st.integers(0, 64), st.lists(st.integers(0, 2**31 - 1), max_size=40)).map(
+    lambda p: BASE[: p[0]] + p[1])  # prompts sharing prefixes of BASE, as turns and system prompts do
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompts=st.lists(prompt, min_size=1, max_size=6), h=st.sampled_from([1, 3, 4, 16]),
+       algo=st.sampled_from(["sha256", "sha256_cbor"]), salt=st.sampled_from([None, "tenant"]),
+       seed=st.sampled_from(["vllm-none-hash", "0"]), reads=st.lists(st.integers(0, 30), max_size=4),
+       max_blocks=st.sampled_from([0, 5, 1 << 16]))
+def test_keys_equal_the_chained_hashes_however_read(prompts, h, algo, salt, seed, reads, max_blocks):
+    cache = ChainCache(max_blocks)
+    for tokens in prompts:
+        for cached in (cache, None):
+            keys = PromptKeys(tokens, h, algo, seed, salt, cached)
+            for n in reads:  # partial reads extend the same list
+                assert keys.upto(n)[:n] == expected(tokens, h, algo, seed, salt)[:n]
+            assert keys.upto(len(tokens)) == expected(tokens, h, algo, seed, salt)
+
+
+def test_a_prefix_seen_before_is_not_hashed_again():
+    cache = ChainCache()
+    PromptKeys(BASE, 16, cache=cache).upto(4)
+    assert cache.blocks == 4
+    turn2 = BASE + list(range(5, 37))
+    assert PromptKeys(turn2, 16, cache=cache).upto(6) == expected(turn2, 16)
+    assert cache.blocks == 6  # only the two new blocks were hashed
+    assert PromptKeys(BASE, 16, cache=cache, cache_salt="t").upto(4) == expected(BASE, 16, salt="t")
+    assert cache.blocks == 10  # another salt is another chain
+
+
+def test_the_cache_starts_over_past_its_bound():
+    cache = ChainCache(max_blocks=3)
+    PromptKeys(BASE, 16, cache=cache).upto(4)
+    assert cache.blocks == 4
+    assert PromptKeys(BASE, 16, cache=cache).upto(4) == expected(BASE, 16)
+    assert cache.blocks == 4  # emptied, then filled again by this prompt
