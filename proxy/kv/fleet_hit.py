@@ -49,32 +49,28 @@ def _attention_prefix(classes: Classes, blocks: BlockMap | None, size: int, k: i
     """Each class's limit cut to the contiguous prefix of this group's blocks (of `size` tokens, every k-th key)
     the slot holds, never past the limit itself."""
     out: Classes = {}
-    pending = sorted(classes.items())  # ascending limits: a slot leaves the walk when its next block passes it
+    pending = sorted(classes.items())  # ascending limits: a class leaves the walk at its last whole block
     alive = 0
     for _, bits in pending:
         alive |= bits
     get = blocks.blocks.get if blocks is not None else {}.get
-    b, i, stored = 0, 0, keys.keys
-    while alive:
-        need = (b + 1) * size
-        while i < len(pending) and pending[i][0] < need:
-            stop = pending[i][1] & alive
-            if stop:
-                out[b * size] = out.get(b * size, 0) | stop
-                alive &= ~stop
-            i += 1
-        if not alive:
-            break
-        j = (b + 1) * k - 1
-        if j >= len(stored) or j < 0:
-            stored = keys.upto(j + 1) if j >= 0 else keys.upto(keys.total)
-        v = get(stored[j])
-        held = 0 if v is None else (1 << v if v >= 0 else ~v)
-        lost = alive & ~held
-        if lost:
-            out[b * size] = out.get(b * size, 0) | lost
-            alive &= held
-        b += 1
+    b, stored = 0, keys.keys
+    for limit, bits in pending:
+        end = limit // size  # blocks [0, end) fit below this class's limit
+        while b < end and alive:
+            j = (b + 1) * k - 1
+            if j >= len(stored) or j < 0:
+                stored = keys.upto(j + 1) if j >= 0 else keys.upto(keys.total)
+            v = get(stored[j])
+            kept = 0 if v is None else alive & (1 << v if v >= 0 else ~v)
+            if kept != alive:
+                out[b * size] = out.get(b * size, 0) | (alive & ~kept)
+                alive = kept
+            b += 1
+        stop = bits & alive
+        if stop:
+            out[b * size] = out.get(b * size, 0) | stop
+            alive &= ~stop
     return out
 
 

@@ -87,12 +87,15 @@ class KVIndex:
         self._dead = 0  # bit set of dead slots
         self._dead_entries = 0
         self.sweep_min_entries = sweep_min_entries  # dead entries below this are never worth a sweep
+        self._slot_urls: dict[int, str] | None = None  # live slot -> url, rebuilt after membership changes
+        self._everyone = 0  # their bits
 
     # ---- workers and their slots ------------------------------------------------------------------------------
     def of(self, url: str) -> WorkerKVIndex:
         idx = self.workers.get(url)
         if idx is None:
             idx = self.workers[url] = WorkerKVIndex(self._new_slot())
+            self._slot_urls = None
         return idx
 
     def drop(self, url: str) -> None:
@@ -106,6 +109,7 @@ class KVIndex:
         index = self.workers.pop(url, None)
         if index is None:
             return
+        self._slot_urls = None
         if self.grace_s > 0:
             earlier = self.retired.pop(url, None)  # retired before, then back without revive: superseded
             if earlier is not None:
@@ -126,6 +130,7 @@ class KVIndex:
             return False
         self.drop(url)  # an index made meanwhile (events before the pool knew) gives way to the kept one
         self.workers[url] = old.index
+        self._slot_urls = None
         return True
 
     def _expire(self) -> None:
@@ -141,6 +146,7 @@ class KVIndex:
 
     def _kill(self, slot: int) -> None:
         """The slot's blocks are gone: its bit is ignored from now on and swept out later."""
+        self._slot_urls = None
         self._dead |= 1 << slot
         self._dead_entries += self._entries[slot]
         live = sum(self._entries) - self._dead_entries
@@ -185,7 +191,7 @@ class KVIndex:
             elif isinstance(ev, AllBlocksCleared):
                 old = worker.slot
                 worker.slot = self._new_slot()
-                self._kill(old)
+                self._kill(old)  # forgets the slot -> url map too
 
     def _verify(self, url: str, batch: KVEventBatch) -> None:
         for ev in batch.events:
@@ -223,19 +229,23 @@ class KVIndex:
     # ---- questions --------------------------------------------------------------------------------------------
     def hits(self, num_tokens: int, keys_for: KeysFor, configured_hash_block_size: int = 0) -> dict[str, int]:
         """The usable hybrid hit (tokens) of a `num_tokens` prompt on every indexed worker, in one pass."""
-        workers = self.workers
-        everyone = 0
-        for w in workers.values():
-            everyone |= 1 << w.slot
+        slot_urls = self._slot_urls
+        if slot_urls is None:
+            slot_urls = self._slot_urls = {w.slot: url for url, w in self.workers.items()}
+            self._everyone = sum(1 << s for s in slot_urls)
         h = hash_block_size(self.specs, configured_hash_block_size or self.detected_hash_block_size)
-        classes = usable_hits(self.specs, self.maps, h, num_tokens, keys_for(h), everyone) if h > 0 else {}
-        out = dict.fromkeys(workers, 0)
-        if classes:
-            for url, w in workers.items():
-                for tokens, bits in classes.items():
-                    if bits >> w.slot & 1:
-                        out[url] = tokens
-                        break
+        classes = usable_hits(self.specs, self.maps, h, num_tokens, keys_for(h), self._everyone) if h > 0 else {}
+        zero = self._everyone
+        for bits in classes.values():
+            zero &= ~bits
+        found = [*classes.items(), (0, zero)]
+        common = max(range(len(found)), key=lambda i: found[i][1].bit_count())
+        out = dict.fromkeys(self.workers, found[common][0])  # then only the other classes' slots one by one
+        for i, (tokens, bits) in enumerate(found):
+            while bits and i != common:
+                low = bits & -bits
+                out[slot_urls[low.bit_length() - 1]] = tokens
+                bits ^= low
         return out
 
     def hit_tokens(

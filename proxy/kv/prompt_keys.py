@@ -4,29 +4,30 @@ Routing walks a prompt's blocks in order and stops where no worker holds the pre
 are hashed only as far as it asks (PromptKeys.upto). Hashing itself cannot get cheaper than vLLM's (one pickle
 and one sha256 per block, for the same bytes: block_hash.py), but most of a prompt was hashed before: an agent's
 next turn repeats its last prompt, and every request starts with the same system prompt. ChainCache keeps the
-chains of recent prompts as a trie of token chunks, so a prefix seen before costs one dict lookup per block:
+chains of recent prompts as a trie of spans (256 tokens, 16 blocks of 16), so a prefix seen before costs one dict
+lookup per span:
 
-    root[(algo, seed, salt, h)] --chunk t[0:h]--> [digest_1, key_1, children] --chunk t[h:2h]--> [digest_2, ...]
+    root[(algo, seed, salt, h)] --t[0:256]--> [digest_16, keys 1-16, children] --t[256:512]--> [digest_32, ...]
 
-A chunk's digest depends on the whole path to it, which the trie position encodes. The cache is bounded by
-blocks: past `max_blocks` it starts over empty (O(1), amortized; a bigger cap trades memory, ~0.5 KB a block,
-for fewer cold prompts).
+A span's hashes depend on the whole path to it, which the trie position encodes; a prompt's partial last span is
+not kept. The cache is bounded by blocks: past `max_blocks` it starts over empty (O(1), amortized; ~0.2 KB a
+block, so the default holds ~1M tokens of prompts in ~13 MB).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .block_hash import DEFAULT_NONE_HASH_SEED, HASH_FUNCTIONS, KEY_MASK, block_key, extend_chain, keys_of, none_hash
+from .block_hash import DEFAULT_NONE_HASH_SEED, block_key, extend_chain, keys_of, none_hash
 
-Node = dict[tuple[int, ...], list]  # chunk -> [digest, key, child node or None]
+Node = dict[tuple[int, ...], list]  # a span's tokens -> [its last digest, its keys, child node or None]
 
 
 class ChainCache:
     """Chained block hashes of recent prompts (one per proxy, shared by its requests)."""
 
-    def __init__(self, max_blocks: int = 1 << 16) -> None:
-        self.max_blocks = max_blocks
+    def __init__(self, max_blocks: int = 1 << 16, span_tokens: int = 256) -> None:
+        self.max_blocks, self.span_tokens = max_blocks, span_tokens
         self.blocks = 0
         self._roots: dict[tuple[str, str, str | None, int], Node] = {}
 
@@ -39,9 +40,9 @@ class ChainCache:
 
 class PromptKeys:
     """One prompt's block keys at granularity h (block_hash.block_key of vLLM's chained hashes), hashed only as
-    far as a reader asks, through `cache` when given."""
+    far as a reader asks, a span of blocks at a time, through `cache` when given."""
 
-    CHUNK = 16  # blocks hashed per extension: amortizes the call without hashing far past the last hit
+    SPAN_TOKENS = 256  # a span: the blocks hashed per extension and one step of the cache's trie (its own)
 
     def __init__(
         self,
@@ -55,41 +56,36 @@ class PromptKeys:
         self._tokens = tuple(token_ids)
         self.h, self.algo, self.cache_salt, self.cache = h, algo, cache_salt, cache
         self.total = len(self._tokens) // h if h > 0 else 0  # full blocks in the prompt
+        self.span = max(1, (cache.span_tokens if cache is not None else self.SPAN_TOKENS) // max(h, 1))
         self.keys: list[int] = []
         self._parent = none_hash(algo, seed)
         self._node: Node | None = cache.root(algo, seed, cache_salt, h) if cache is not None and h > 0 else None
 
     def upto(self, n: int) -> list[int]:
         """self.keys, holding at least the first min(n, total) keys."""
-        if n > len(self.keys) < self.total:
-            first = len(self.keys)
-            last = min(self.total, max(n, first + self.CHUNK))
-            if self._node is not None:
-                self._walk(first, last)
-            else:
-                digests = extend_chain(self._parent, self._tokens, self.h, first, last, self.algo, self.cache_salt)
-                self.keys += keys_of(digests) if len(digests[0]) == 32 else [block_key(d) for d in digests]
-                self._parent = digests[-1]
+        while n > len(self.keys) < self.total:
+            self._extend()
         return self.keys
 
-    def _walk(self, first: int, last: int) -> None:
-        """Blocks [first, last) through the cache's trie, hashing (and adding) the chunks it lacks."""
-        node, parent, tokens, h, keys = self._node, self._parent, self._tokens, self.h, self.keys
-        assert node is not None and self.cache is not None
-        added, fn = 0, HASH_FUNCTIONS[self.algo]
-        for s in range(first * h, last * h, h):
-            chunk = tokens[s : s + h]
-            entry = node.get(chunk)
-            if entry is None:
-                extra = (("cache_salt", self.cache_salt),) if s == 0 and self.cache_salt else None
-                digest = fn((parent, chunk, extra))
-                entry = node[chunk] = [digest, int.from_bytes(digest[-8:], "big") & KEY_MASK, None]
-                added += 1
-            parent = entry[0]
-            keys.append(entry[1])
+    def _extend(self) -> None:
+        """One more span: from the cache's trie when it has it (a lookup), else hashed (and added to it)."""
+        first, h, tokens, node = len(self.keys), self.h, self._tokens, self._node
+        last = first + self.span
+        if last > self.total:  # a partial span: never cached
+            last, node = self.total, None
+        chunk = tokens[first * h : last * h] if node is not None else ()
+        entry = node.get(chunk) if node is not None else None
+        if entry is None:
+            digests = extend_chain(self._parent, tokens, h, first, last, self.algo, self.cache_salt)
+            keys = keys_of(digests) if len(digests[0]) == 32 else [block_key(d) for d in digests]
+            entry = [digests[-1], keys, None]
+            if node is not None and self.cache is not None:
+                node[chunk] = entry
+                self.cache.blocks += last - first
+        self._parent = entry[0]
+        self.keys += entry[1]
+        if node is not None:
             child = entry[2]
             if child is None:
                 child = entry[2] = {}
-            node = child
-        self._node, self._parent = node, parent
-        self.cache.blocks += added
+            self._node = child

@@ -22,11 +22,8 @@ class KVHitScorer:
         n = len(ctx.token_ids or ())
         if n < 2:
             return [0.0] * len(workers)
-        out = []
-        for w in workers:
-            hit = hit_tokens(self._deps, ctx, w)
-            out.append(min(1.0, hit / n))
-        return out
+        hits = all_hits(self._deps, ctx)
+        return [min(1.0, (hits.get(w.url) or hits.setdefault(w.url, 0)) / n) for w in workers]
 
 
 def hit_tokens(deps: Deps, ctx: RequestContext, w: Worker) -> int:
@@ -34,8 +31,13 @@ def hit_tokens(deps: Deps, ctx: RequestContext, w: Worker) -> int:
     once (one pass over the prompt's blocks), kept in ctx.hits for the request's other questions."""
     hits = ctx.hits
     if w.url not in hits:
-        if not ctx.hits_known:
-            hits.update(deps.kv_index.hits(len(ctx.token_ids or ()), ctx.keys_for, deps.kv.hash_block_size))
-            ctx.hits_known = True
-        hits.setdefault(w.url, 0)
+        all_hits(deps, ctx).setdefault(w.url, 0)  # a worker the index does not know hits nothing
     return hits[w.url]
+
+
+def all_hits(deps: Deps, ctx: RequestContext) -> dict[str, int]:
+    """ctx.hits, holding every indexed worker's hit (computed on the first call)."""
+    if not ctx.hits_known:
+        ctx.hits.update(deps.kv_index.hits(len(ctx.token_ids or ()), ctx.keys_for, deps.kv.hash_block_size))
+        ctx.hits_known = True
+    return ctx.hits

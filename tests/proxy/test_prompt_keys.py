@@ -9,6 +9,7 @@ from hybrid_pd.proxy.kv.block_hash import block_key, chained_block_hashes
 from hybrid_pd.proxy.kv.prompt_keys import ChainCache, PromptKeys
 
 BASE = list(range(70000, 70064))
+TURN = list(range(512))  # 8 blocks of 64 tokens: 2 spans of 4 blocks
 
 
 def expected(tokens, h, algo="sha256", seed="vllm-none-hash", salt=None):
@@ -23,9 +24,9 @@ prompt = st.tuples(st.integers(0, 64), st.lists(st.integers(0, 2**31 - 1), max_s
 @given(prompts=st.lists(prompt, min_size=1, max_size=6), h=st.sampled_from([1, 3, 4, 16]),
        algo=st.sampled_from(["sha256", "sha256_cbor"]), salt=st.sampled_from([None, "tenant"]),
        seed=st.sampled_from(["vllm-none-hash", "0"]), reads=st.lists(st.integers(0, 30), max_size=4),
-       max_blocks=st.sampled_from([0, 5, 1 << 16]))
-def test_keys_equal_the_chained_hashes_however_read(prompts, h, algo, salt, seed, reads, max_blocks):
-    cache = ChainCache(max_blocks)
+       max_blocks=st.sampled_from([0, 5, 1 << 16]), span=st.sampled_from([1, 8, 12, 256]))
+def test_keys_equal_the_chained_hashes_however_read(prompts, h, algo, salt, seed, reads, max_blocks, span):
+    cache = ChainCache(max_blocks, span)
     for tokens in prompts:
         for cached in (cache, None):
             keys = PromptKeys(tokens, h, algo, seed, salt, cached)
@@ -36,18 +37,18 @@ def test_keys_equal_the_chained_hashes_however_read(prompts, h, algo, salt, seed
 
 def test_a_prefix_seen_before_is_not_hashed_again():
     cache = ChainCache()
-    PromptKeys(BASE, 16, cache=cache).upto(4)
-    assert cache.blocks == 4
-    turn2 = BASE + list(range(5, 37))
-    assert PromptKeys(turn2, 16, cache=cache).upto(6) == expected(turn2, 16)
-    assert cache.blocks == 6  # only the two new blocks were hashed
-    assert PromptKeys(BASE, 16, cache=cache, cache_salt="t").upto(4) == expected(BASE, 16, salt="t")
-    assert cache.blocks == 10  # another salt is another chain
+    PromptKeys(TURN, 64, cache=cache).upto(8)
+    assert cache.blocks == 8
+    turn2 = TURN + list(range(5000, 5320))  # one more span of 4 blocks, then 1 block: a partial span
+    assert PromptKeys(turn2, 64, cache=cache).upto(100) == expected(turn2, 64)
+    assert cache.blocks == 12  # only the new whole span was hashed into the cache
+    assert PromptKeys(TURN, 64, cache=cache, cache_salt="t").upto(8) == expected(TURN, 64, salt="t")
+    assert cache.blocks == 20  # another salt is another chain
 
 
 def test_the_cache_starts_over_past_its_bound():
     cache = ChainCache(max_blocks=3)
-    PromptKeys(BASE, 16, cache=cache).upto(4)
-    assert cache.blocks == 4
-    assert PromptKeys(BASE, 16, cache=cache).upto(4) == expected(BASE, 16)
-    assert cache.blocks == 4  # emptied, then filled again by this prompt
+    PromptKeys(TURN, 64, cache=cache).upto(8)
+    assert cache.blocks == 8
+    assert PromptKeys(TURN, 64, cache=cache).upto(8) == expected(TURN, 64)
+    assert cache.blocks == 8  # emptied, then filled again by this prompt
