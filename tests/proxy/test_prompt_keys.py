@@ -22,12 +22,13 @@ prompt = st.tuples(st.integers(0, 64), st.lists(st.integers(0, 2**31 - 1), max_s
 
 @settings(max_examples=200, deadline=None)
 @given(prompts=st.lists(prompt, min_size=1, max_size=6), h=st.sampled_from([1, 3, 4, 16]),
-       algo=st.sampled_from(["sha256", "sha256_cbor"]), salt=st.sampled_from([None, "tenant"]),
+       algo=st.sampled_from(["sha256", "sha256_cbor"]),
+       salts=st.lists(st.sampled_from([None, "tenant"]), min_size=6, max_size=6),
        seed=st.sampled_from(["vllm-none-hash", "0"]), reads=st.lists(st.integers(0, 30), max_size=4),
        max_blocks=st.sampled_from([0, 5, 1 << 16]), span=st.sampled_from([1, 8, 12, 256]))
-def test_keys_equal_the_chained_hashes_however_read(prompts, h, algo, salt, seed, reads, max_blocks, span):
+def test_keys_equal_the_chained_hashes_however_read(prompts, h, algo, salts, seed, reads, max_blocks, span):
     cache = ChainCache(max_blocks, span)
-    for tokens in prompts:
+    for tokens, salt in zip(prompts, salts):
         for cached in (cache, None):
             keys = PromptKeys(tokens, h, algo, seed, salt, cached)
             for n in reads:  # partial reads extend the same list
