@@ -57,8 +57,8 @@ def chained_block_hashes(
 ) -> list[bytes]:
     """Hashes of every full `hash_block_size` chunk of `token_ids`, as vLLM's request block hasher computes
     them (a trailing partial chunk is not hashed)."""
-    tokens = tuple(token_ids)
-    return extend_chain(none_hash(algo, seed), tokens, hash_block_size, 0, len(tokens) // hash_block_size, algo, cache_salt)
+    tokens, h = tuple(token_ids), hash_block_size
+    return extend_chain(none_hash(algo, seed), tokens, h, 0, len(tokens) // h, algo, cache_salt)
 
 
 def extend_chain(

@@ -21,9 +21,9 @@ token, so a hit is at most len(prompt) - 1 tokens. The answers are those of a wa
 
 from __future__ import annotations
 
-from .prompt_keys import PromptKeys
 from .block_map import BlockMap
 from .groups import ATTENTION_KINDS, MAMBA_KIND, EventGroup, aligned_block
+from .prompt_keys import PromptKeys
 
 Classes = dict[int, int]  # tokens -> bit set of the slots with that many
 
@@ -53,7 +53,7 @@ def _attention_prefix(classes: Classes, blocks: BlockMap | None, size: int, k: i
     alive = 0
     for _, bits in pending:
         alive |= bits
-    get = blocks.blocks.get if blocks is not None else {}.get
+    get = (blocks.blocks if blocks is not None else {}).get
     b, stored = 0, keys.keys
     for limit, bits in pending:
         end = limit // size  # blocks [0, end) fit below this class's limit

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..config.sections import same_engine
@@ -185,9 +185,9 @@ class KVIndex:
             elif isinstance(ev, BlockRemoved):
                 if ev.medium not in DEVICE_MEDIA:
                     continue
-                blocks = self.maps.get(ev.group_idx or 0)
-                if blocks is not None:
-                    self._entries[worker.slot] -= blocks.remove(worker.slot, _keys(ev.block_hashes))
+                held = self.maps.get(ev.group_idx or 0)
+                if held is not None:
+                    self._entries[worker.slot] -= held.remove(worker.slot, _keys(ev.block_hashes))
             elif isinstance(ev, AllBlocksCleared):
                 old = worker.slot
                 worker.slot = self._new_slot()
@@ -266,10 +266,14 @@ class KVIndex:
         return sum(self._entries) - self._dead_entries
 
 
-def _keys(hashes: list[bytes | int]) -> list[int]:
+def _keys(hashes: Sequence[bytes | int]) -> list[int]:
     """The index keys of an event's block hashes (all sha256 digests, the usual case, in one unpack)."""
-    if hashes and isinstance(hashes[0], bytes) and set(map(len, hashes)) == {32}:
-        return keys_of(hashes)  # type: ignore[arg-type]
+    if hashes and isinstance(hashes[0], bytes):
+        try:
+            if set(map(len, hashes)) == {32}:  # type: ignore[arg-type]
+                return keys_of(hashes)  # type: ignore[arg-type]
+        except TypeError:  # an int among them
+            pass
     return [block_key(x) for x in hashes]
 
 

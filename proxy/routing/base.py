@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..config.sections import KVIndexConfig
-from ..kv.prompt_keys import ChainCache, PromptKeys
 from ..kv.index import KVIndex
+from ..kv.prompt_keys import ChainCache, PromptKeys
 from ..workers import Worker
 
 

@@ -67,7 +67,8 @@ class Fleet:
 
     def batches(self, worker: int, remove: bool = False) -> Iterator[KVEventBatch]:
         """The worker's whole cache as vLLM announces it (or evicts it, with remove=True)."""
-        events: list = list(_span_events(self.system_hashes, remove))
+        system = [bytes(bytearray(h)) for h in self.system_hashes]  # each worker's events decode their own copies
+        events: list = list(_span_events(system, remove))
         for hashes in self.session_hashes(worker):
             events += _span_events(hashes, remove)
             while len(events) >= EVENTS_PER_BATCH:

@@ -10,6 +10,7 @@ import pytest
 import vllm.distributed.kv_events as vk  # a moved module fails loudly, never skips
 import zmq.asyncio
 
+from hybrid_pd.proxy.kv.block_hash import block_key
 from hybrid_pd.proxy.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -18,7 +19,6 @@ from hybrid_pd.proxy.kv.events import (
     decode_frames,
     encode_frames,
 )
-from hybrid_pd.proxy.kv.block_hash import block_key
 from hybrid_pd.proxy.kv.index import KVIndex
 from hybrid_pd.proxy.kv.subscriber import subscribe
 from hybrid_pd.proxy.metrics import ProxyMetrics

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hybrid_pd.proxy.kv.block_hash import as_int_hash, chained_block_hashes
 from hybrid_pd.proxy.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from hybrid_pd.proxy.kv.index import KVIndex
+from hybrid_pd.proxy.kv.prompt_keys import PromptKeys
 from tests.proxy.kv_index_oracle import KVIndex as OracleIndex
 
 H = 4
@@ -101,14 +102,8 @@ def assert_same_answers(old: OracleIndex, new: KVIndex, configured: int) -> None
                 return chained_block_hashes(tokens[:n], h)
 
             expected = {url: old.hit_tokens(url, n, hashes_for, configured) for url in old.workers}
-            assert new.hits(n, lambda h: new_keys(tokens[:n], h), configured) == expected
+            assert new.hits(n, lambda h, tokens=tokens, n=n: PromptKeys(tokens[:n], h), configured) == expected
             assert {url: new.hit_tokens(url, n, hashes_for, configured) for url in new.workers} == expected
-
-
-def new_keys(tokens, h):
-    from hybrid_pd.proxy.kv.prompt_keys import PromptKeys
-
-    return PromptKeys(tokens, h)
 
 
 @settings(max_examples=300, deadline=None)
