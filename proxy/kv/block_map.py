@@ -45,21 +45,19 @@ class BlockMap:
 
     def store(self, slot: int, keys: Iterable[int]) -> int:
         """Slot `slot` now holds `keys`; returns how many it did not hold before."""
-        blocks, get, bit, added = self.blocks, self.blocks.get, 1 << slot, 0
+        blocks, setdefault, bit, before, added = self.blocks, self.blocks.setdefault, 1 << slot, len(self.blocks), 0
         for k in keys:
-            v = get(k)
-            if v is None:
-                blocks[k] = slot
-            elif v >= 0:
-                if v == slot:
-                    continue
+            v = setdefault(k, slot)  # a new block: held by this slot alone, counted by the map's growth
+            if v == slot:
+                continue
+            if v >= 0:
                 blocks[k] = ~((1 << v) | bit)
+            elif ~v & bit:
+                continue
             else:
-                if ~v & bit:
-                    continue
                 blocks[k] = v & ~bit  # ~(~v | bit)
             added += 1
-        return added
+        return added + len(blocks) - before
 
     def remove(self, slot: int, keys: Iterable[int]) -> int:
         """Slot `slot` no longer holds `keys`; returns how many it held."""

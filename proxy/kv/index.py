@@ -268,7 +268,7 @@ class KVIndex:
 
 def _keys(hashes: Sequence[bytes | int]) -> list[int]:
     """The index keys of an event's block hashes (all sha256 digests, the usual case, in one unpack)."""
-    if hashes and isinstance(hashes[0], bytes):
+    if len(hashes) > 4 and isinstance(hashes[0], bytes):
         try:
             if set(map(len, hashes)) == {32}:  # type: ignore[arg-type]
                 return keys_of(hashes)  # type: ignore[arg-type]

@@ -294,8 +294,13 @@ def main(argv: list[str] | None = None) -> None:
                 "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                          check=False).stdout.strip(),
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-        name = f"results-{args.blocks_per_worker}.json" if args.blocks_per_worker else "results.json"
-        (out / name).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        path = out / (f"results-{args.blocks_per_worker}.json" if args.blocks_per_worker else "results.json")
+        if path.exists():  # runs of other fleet sizes (say, 256 workers without "before") stay
+            earlier = json.loads(path.read_text())
+            sizes = {r["workers"] for r in rows}
+            rows = sorted([r for r in earlier["rows"] if r["workers"] not in sizes] + rows, key=lambda r: r["workers"])
+            meta["command"] = earlier["meta"]["command"] + "; " + meta["command"]
+        path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         write_summary(out)
 
 
