@@ -9,10 +9,9 @@ A map value is stored in whichever form costs least:
 so a block only one worker holds costs one dict entry and its key, and a block the whole fleet holds one entry,
 its key and one int of fleet-size bits, whatever the fleet's size. Reading a value is `holders()`.
 
-Slots are never cleared one entry at a time: a worker that loses its whole cache (AllBlocksCleared, a restart, a
-removal) gets a fresh slot and its old one is dead; dead bits stay in the map, unseen (a decision only ever asks
-about live slots), until `sweep` drops them in one pass, which the index runs once dead entries outnumber live
-ones (so each entry is swept at most once per death: amortized O(1) per event, no scan per removal).
+Slots are never cleared one entry at a time: a worker that loses its whole cache gets a fresh slot and its old
+one is dead; dead bits stay in the map, unseen (a decision only ever asks about live slots), until slots.py sweeps
+them out.
 """
 
 from __future__ import annotations
@@ -25,14 +24,6 @@ def holders(value: int | None) -> int:
     if value is None:
         return 0
     return 1 << value if value >= 0 else ~value
-
-
-def _encode(bits: int) -> int | None:
-    if not bits:
-        return None
-    if bits & (bits - 1) == 0:
-        return bits.bit_length() - 1
-    return ~bits
 
 
 class BlockMap:
@@ -83,12 +74,3 @@ class BlockMap:
         """The keys `slot` holds (a scan: for tests and debugging, never on the request path)."""
         bit = 1 << slot
         return {k for k, v in self.blocks.items() if holders(v) & bit}
-
-    def sweep(self, keep: int) -> None:
-        """Drop every slot not in the bit set `keep` from every entry (one pass over the map)."""
-        kept: dict[int, int] = {}
-        for k, v in self.blocks.items():
-            e = _encode(holders(v) & keep)
-            if e is not None:
-                kept[k] = e
-        self.blocks = kept

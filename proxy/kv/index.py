@@ -7,11 +7,11 @@ group; and the usable hybrid hit of a prompt on every worker in one pass (fleet_
                                                        KVIndex.hits(prompt keys) -> {url: usable hit}
 
 Each worker has a slot (a bit); a worker that loses its cache (AllBlocksCleared, an engine restart, removal) gets a
-fresh slot, its old one dies and is swept out of the maps once dead entries outnumber live ones (block_map.py):
-nothing scans the index per event or per removal. Block keys are the low 60 bits of the published hashes
-(block_hash.block_key), whichever form the worker publishes. The groups' kinds and block sizes are learned from
-every worker's events (groups.py). Only the GPU (device) tier counts; offload tiers (medium CPU/STORAGE) are not
-where the engine hits first.
+fresh slot, its old one dies and is swept out of the maps a few thousand keys per event batch once dead entries
+outnumber live ones (slots.py): no event and no removal waits for a pass over the index. Block keys are the low
+60 bits of the published hashes (block_hash.block_key), whichever form the worker publishes. The groups' kinds
+and block sizes are learned from every worker's events (groups.py). Only the GPU (device) tier counts; offload
+tiers (medium CPU/STORAGE) are not where the engine hits first.
 
 A worker that leaves the pool (a readiness blip drops it from Kubernetes' ready endpoints) keeps its slot for
 `grace_s` seconds: the same worker back within it (same URL, and the same engine identity where known) gets it
@@ -34,6 +34,7 @@ from .fleet_hit import usable_hits
 from .groups import DEVICE_MEDIA, EventGroup, hash_block_size
 from .hash_check import hash_granularity
 from .prompt_keys import PromptKeys
+from .slots import Slots
 
 log = logging.getLogger("hybrid_pd.proxy")
 KeysFor = Callable[[int], PromptKeys]  # hash block size -> the prompt's keys at it (cached per request)
@@ -71,6 +72,7 @@ class KVIndex:
         grace_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         sweep_min_entries: int = 1 << 16,
+        sweep_step_keys: int = 1 << 12,
     ) -> None:
         self.workers: dict[str, WorkerKVIndex] = {}
         self.retired: dict[str, Retired] = {}
@@ -82,11 +84,7 @@ class KVIndex:
         self.candidate_seeds = [seed] + ([LAUNCHER_HASH_SEED] if seed == DEFAULT_NONE_HASH_SEED else [])
         self.hashes_verified: bool | None = None  # None: no event could tell yet
         self.detected_hash_block_size = 0
-        self._entries: list[int] = []  # per slot: (block, group) entries it holds (dead slots: until swept)
-        self._free: list[int] = []  # slots free for reuse (swept), popped lowest first
-        self._dead = 0  # bit set of dead slots
-        self._dead_entries = 0
-        self.sweep_min_entries = sweep_min_entries  # dead entries below this are never worth a sweep
+        self.slots = Slots(self.maps, sweep_min_entries, sweep_step_keys)
         self._slot_urls: dict[int, str] | None = None  # live slot -> url, rebuilt after membership changes
         self._everyone = 0  # their bits
 
@@ -94,7 +92,7 @@ class KVIndex:
     def of(self, url: str) -> WorkerKVIndex:
         idx = self.workers.get(url)
         if idx is None:
-            idx = self.workers[url] = WorkerKVIndex(self._new_slot())
+            idx = self.workers[url] = WorkerKVIndex(self.slots.new())
             self._slot_urls = None
         return idx
 
@@ -138,31 +136,9 @@ class KVIndex:
         for url in [u for u, r in self.retired.items() if r.since < horizon]:
             self._kill(self.retired.pop(url).index.slot)
 
-    def _new_slot(self) -> int:
-        if self._free:
-            return self._free.pop()
-        self._entries.append(0)
-        return len(self._entries) - 1
-
     def _kill(self, slot: int) -> None:
-        """The slot's blocks are gone: its bit is ignored from now on and swept out later."""
         self._slot_urls = None
-        self._dead |= 1 << slot
-        self._dead_entries += self._entries[slot]
-        live = sum(self._entries) - self._dead_entries
-        if self._dead_entries > max(live, self.sweep_min_entries):
-            self.sweep()
-
-    def sweep(self) -> None:
-        """Drop the dead slots' bits from every map (one pass) and free them for reuse."""
-        keep = ((1 << len(self._entries)) - 1) & ~self._dead
-        for blocks in self.maps.values():
-            blocks.sweep(keep)
-        dead = [s for s in range(len(self._entries)) if self._dead >> s & 1]
-        for s in dead:
-            self._entries[s] = 0
-        self._free = sorted(set(self._free) | set(dead), reverse=True)
-        self._dead = self._dead_entries = 0
+        self.slots.kill(slot)
 
     # ---- events -----------------------------------------------------------------------------------------------
     def apply(self, url: str, batch: KVEventBatch) -> None:
@@ -181,17 +157,18 @@ class KVIndex:
                     self.specs[gid] = EventGroup(ev.kv_cache_spec_kind or "full_attention", ev.block_size)
                 if ev.block_hashes:
                     blocks = self.maps.get(gid) or self.maps.setdefault(gid, BlockMap())
-                    self._entries[worker.slot] += blocks.store(worker.slot, _keys(ev.block_hashes))
+                    self.slots.entries[worker.slot] += blocks.store(worker.slot, _keys(ev.block_hashes))
             elif isinstance(ev, BlockRemoved):
                 if ev.medium not in DEVICE_MEDIA:
                     continue
                 held = self.maps.get(ev.group_idx or 0)
                 if held is not None:
-                    self._entries[worker.slot] -= held.remove(worker.slot, _keys(ev.block_hashes))
+                    self.slots.entries[worker.slot] -= held.remove(worker.slot, _keys(ev.block_hashes))
             elif isinstance(ev, AllBlocksCleared):
                 old = worker.slot
-                worker.slot = self._new_slot()
+                worker.slot = self.slots.new()
                 self._kill(old)  # forgets the slot -> url map too
+        self.slots.step(32 * len(batch.events))  # a sweep in progress moves on with the events (else a no-op)
 
     def _verify(self, url: str, batch: KVEventBatch) -> None:
         for ev in batch.events:
@@ -263,7 +240,7 @@ class KVIndex:
 
     def entries(self) -> int:
         """(block, group, worker) entries held by live and retired workers."""
-        return sum(self._entries) - self._dead_entries
+        return self.slots.live_entries()
 
 
 def _keys(hashes: Sequence[bytes | int]) -> list[int]:

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybrid_pd.proxy.kv.block_hash import as_int_hash, chained_block_hashes
+from hybrid_pd.proxy.kv.block_map import holders
 from hybrid_pd.proxy.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from hybrid_pd.proxy.kv.index import KVIndex
 from hybrid_pd.proxy.kv.prompt_keys import PromptKeys
@@ -111,21 +112,30 @@ def assert_same_answers(old: OracleIndex, new: KVIndex, configured: int) -> None
        configured=st.sampled_from([0, 0, H]))
 def test_same_hits_as_the_per_worker_index(layout, steps, sweep_early, configured):
     old = OracleIndex(clock=Clock())
-    new = KVIndex(clock=Clock(), sweep_min_entries=0 if sweep_early else 1 << 16)
+    new = KVIndex(clock=Clock(), sweep_min_entries=0 if sweep_early else 1 << 16, sweep_step_keys=1)
     for step in steps:
         apply(old, layout, step)
         apply(new, layout, step)
         assert_same_answers(old, new, configured)
     assert new.entries() == sum(len(hs) for w in new.workers for hs in new.held(w).values()) + sum(
-        new._entries[r.index.slot] for r in new.retired.values())
+        new.slots.entries[r.index.slot] for r in new.retired.values())
+    new.slots.sweep()  # what is left of a sweep, in one go: the maps then hold only live and retired slots' bits
+    live = {w.slot for w in new.workers.values()} | {r.index.slot for r in new.retired.values()}
+    assert all(holders(v) >> s & 1 == 0 for m in new.maps.values() for v in m.blocks.values()
+               for s in range(len(new.slots.entries)) if s not in live)
+    assert_same_answers(old, new, configured)
 
 
-def test_a_sweep_frees_dead_slots_for_reuse():
-    new = KVIndex(sweep_min_entries=0)
-    new.apply(URLS[0], KVEventBatch(0, [BlockStored(HASHES[0][:4], None, [], 4, medium="GPU", group_idx=0)]))
+def test_a_sweep_runs_in_steps_with_the_events_then_frees_the_slot():
+    new = KVIndex(sweep_min_entries=0, sweep_step_keys=1)
+    store = [BlockStored(HASHES[0][:4], None, [], 4, medium="GPU", group_idx=0)]
+    new.apply(URLS[0], KVEventBatch(0, store))
     new.apply(URLS[1], KVEventBatch(0, [BlockStored(HASHES[0][:2], None, [], 4, medium="GPU", group_idx=0)]))
     slot = new.workers[URLS[0]].slot
-    new.drop(URLS[0])  # 4 dead entries > 2 live ones: swept at once
-    assert len(new.maps[0].blocks) == 2 and new.entries() == 2
-    new.of(URLS[2])
-    assert new.workers[URLS[2]].slot == slot
+    new.drop(URLS[0])  # 4 dead entries > 2 live ones: a sweep starts
+    assert len(new.maps[0].blocks) == 4 and new.entries() == 2
+    new.apply(URLS[1], KVEventBatch(0, []))  # no event: one key per step here, the last stored (URLS[0]'s alone)
+    assert len(new.maps[0].blocks) == 3
+    new.apply(URLS[1], KVEventBatch(0, store))  # 1 event: 32 keys, the rest of the sweep
+    assert len(new.maps[0].blocks) == 4 and new.entries() == 4  # now every block is URLS[1]'s
+    assert new.of(URLS[2]).slot == slot  # swept, hence reused
