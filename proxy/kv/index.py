@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config.sections import same_engine
-from .block_hash import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED, block_key, keys_of
+from .block_hash import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED, keys_of
 from .block_map import BlockMap
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from .fleet_hit import usable_hits
@@ -157,13 +157,13 @@ class KVIndex:
                     self.specs[gid] = EventGroup(ev.kv_cache_spec_kind or "full_attention", ev.block_size)
                 if ev.block_hashes:
                     blocks = self.maps.get(gid) or self.maps.setdefault(gid, BlockMap())
-                    self.slots.entries[worker.slot] += blocks.store(worker.slot, _keys(ev.block_hashes))
+                    self.slots.entries[worker.slot] += blocks.store(worker.slot, keys_of(ev.block_hashes))
             elif isinstance(ev, BlockRemoved):
                 if ev.medium not in DEVICE_MEDIA:
                     continue
                 held = self.maps.get(ev.group_idx or 0)
                 if held is not None:
-                    self.slots.entries[worker.slot] -= held.remove(worker.slot, _keys(ev.block_hashes))
+                    self.slots.entries[worker.slot] -= held.remove(worker.slot, keys_of(ev.block_hashes))
             elif isinstance(ev, AllBlocksCleared):
                 old = worker.slot
                 worker.slot = self.slots.new()
@@ -243,19 +243,8 @@ class KVIndex:
         return self.slots.live_entries()
 
 
-def _keys(hashes: Sequence[bytes | int]) -> list[int]:
-    """The index keys of an event's block hashes (all sha256 digests, the usual case, in one unpack)."""
-    if len(hashes) > 4 and isinstance(hashes[0], bytes):
-        try:
-            if set(map(len, hashes)) == {32}:  # type: ignore[arg-type]
-                return keys_of(hashes)  # type: ignore[arg-type]
-        except TypeError:  # an int among them
-            pass
-    return [block_key(x) for x in hashes]
-
-
 def _given(hashes: list[bytes]) -> PromptKeys:
     """A PromptKeys over hashes already computed."""
     keys = PromptKeys((), 1)
-    keys.keys, keys.total = _keys(hashes), len(hashes)
+    keys.keys, keys.total = keys_of(hashes), len(hashes)
     return keys

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .block_hash import DEFAULT_NONE_HASH_SEED, block_key, extend_chain, keys_of, none_hash
+from .block_hash import DEFAULT_NONE_HASH_SEED, extend_chain, keys_of, none_hash
 
 Node = dict[tuple[int, ...], list]  # a span's tokens -> [its last digest, its keys, child node or None]
 
@@ -77,7 +77,7 @@ class PromptKeys:
         entry = node.get(chunk) if node is not None else None
         if entry is None:
             digests = extend_chain(self._parent, tokens, h, first, last, self.algo, self.cache_salt)
-            keys = keys_of(digests) if len(digests[0]) == 32 else [block_key(d) for d in digests]
+            keys = keys_of(digests)
             entry = [digests[-1], keys, None]
             if node is not None and self.cache is not None:
                 node[chunk] = entry
