@@ -43,7 +43,8 @@ def section(results: dict) -> list[str]:
                        f"{_ms(d, 'after_warm', 'p50')} | {_ms(d, 'after_warm', 'p99')} |")
         out.append("")
     out += ["**Events** (block hashes per CPU second, one core; start-up = every worker's whole cache announced into "
-            "an empty index)", "",
+            "an empty index, stores/s over it; removals = worker 0's cache evicted from the full index; "
+            "decode+apply = four workers' msgpack frames decoded and applied to an empty index, a smaller one)", "",
             "| workers | (block, group, worker) entries | start-up before s | start-up after s | stores/s before | "
             "stores/s after | removals/s before | removals/s after | decode+apply/s before | decode+apply/s after |",
             "|---|---|---|---|---|---|---|---|---|---|"]
