@@ -24,6 +24,7 @@ import argparse
 import gc
 import hashlib
 import json
+import os
 import pickle
 import platform
 import random
@@ -274,6 +275,14 @@ def run_size(workers: int, args: argparse.Namespace) -> dict:
     return row
 
 
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(x.split(":", 1)[1].strip() for x in lines if x.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "?"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="16,64,256")
@@ -290,7 +299,8 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         meta = {"command": "bash deploy/dev.sh run python -m tests.bench.kv_index_bench " + shlex.join(sys.argv[1:]),
-                "machine": f"{platform.machine()}, {platform.processor() or '?'}, Python {platform.python_version()}",
+                "machine": f"{platform.machine()}, {_cpu_model()}, {os.cpu_count()} cores, "
+                f"Python {platform.python_version()}",
                 "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                          check=False).stdout.strip(),
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
