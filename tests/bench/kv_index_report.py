@@ -1,5 +1,5 @@
 """summary.md for the KV-index benchmark (kv_index_bench.py) from the results files in its --out folder:
-results.json (the issue's workload) and results-<N>.json (N attention blocks per worker)."""
+results.json (16-64 sessions of 8k tokens per worker) and results-<N>.json (N attention blocks per worker)."""
 
 from __future__ import annotations
 

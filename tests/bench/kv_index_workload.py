@@ -33,7 +33,7 @@ EVENTS_PER_BATCH = 32
 class Fleet:
     workers: int
     seed: int = 0
-    blocks_per_worker: int = 0  # 0: 16-64 sessions per worker (the workload)
+    blocks_per_worker: int = 0  # 0: 16-64 sessions of 8k tokens per worker
     real_sessions: int = 32
     system: list[int] = field(default_factory=list)
     system_hashes: list[bytes] = field(default_factory=list)
