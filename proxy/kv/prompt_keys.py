@@ -8,19 +8,22 @@ chains of recent prompts as a trie of spans (256 tokens, 16 blocks of 16), so a 
 lookup per span:
 
     root[(algo, seed, salt, h)] --t[0:256]--> [digest_16, keys 1-16, children] --t[256:512]--> [digest_32, ...]
+    (h = 16)
 
-A span's hashes depend on the whole path to it, which the trie position encodes; a prompt's partial last span is
-not kept. The cache is bounded by blocks: past `max_blocks` it starts over empty (O(1), amortized; ~0.2 KB a
-block, so the default holds ~1M tokens of prompts in ~13 MB).
+A span's hashes depend on the whole path to it, which the trie position encodes; a span is keyed by its token ids
+packed as 4-byte ints (tuples would keep every token's int object alive: 5x the memory); a prompt's partial last
+span is not kept. The cache is bounded by blocks: past `max_blocks` it starts over empty (O(1), amortized; ~0.13
+KB a block, so the default holds ~1M tokens of prompts in ~9 MB).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from .block_hash import DEFAULT_NONE_HASH_SEED, extend_chain, keys_of, none_hash
 
-Node = dict[tuple[int, ...], list]  # a span's tokens -> [its last digest, its keys, child node or None]
+Node = dict[bytes, list]  # a span's tokens -> [its last digest, its keys, child node or None]
 
 
 class ChainCache:
@@ -60,6 +63,7 @@ class PromptKeys:
         self.keys: list[int] = []
         self._parent = none_hash(algo, seed)
         self._node: Node | None = cache.root(algo, seed, cache_salt, h) if cache is not None and h > 0 else None
+        self._packed = b""  # the token ids as 4-byte ints, the cache's span keys (no int object kept alive)
 
     def upto(self, n: int) -> list[int]:
         """self.keys, holding at least the first min(n, total) keys."""
@@ -73,8 +77,15 @@ class PromptKeys:
         last = first + self.span
         if last > self.total:  # a partial span: never cached
             last, node = self.total, None
-        chunk = tokens[first * h : last * h] if node is not None else ()
-        entry = node.get(chunk) if node is not None else None
+        chunk, entry = b"", None
+        if node is not None:
+            if not self._packed:
+                try:
+                    self._packed = array("I", tokens).tobytes()
+                except OverflowError:  # an id outside 0..2^32-1: this prompt does not use the cache
+                    self._node = node = None
+            chunk = self._packed[first * h * 4 : last * h * 4]
+            entry = node.get(chunk) if node is not None else None
         if entry is None:
             digests = extend_chain(self._parent, tokens, h, first, last, self.algo, self.cache_salt)
             keys = keys_of(digests)

@@ -47,6 +47,13 @@ def test_a_prefix_seen_before_is_not_hashed_again():
     assert cache.blocks == 20  # another salt is another chain
 
 
+def test_ids_past_32_bits_skip_the_cache_but_hash_right():
+    cache = ChainCache()
+    tokens = [2**40, -1] + TURN[2:]
+    assert PromptKeys(tokens, 64, cache=cache).upto(8) == expected(tokens, 64)
+    assert cache.blocks == 0
+
+
 def test_the_cache_starts_over_past_its_bound():
     cache = ChainCache(max_blocks=3)
     PromptKeys(TURN, 64, cache=cache).upto(8)
