@@ -81,9 +81,7 @@ class ConnectorConfig:
             read_timeout_s=setting("read_timeout_s", "HYBRID_PD_READ_TIMEOUT_S", 30.0, float),
             lease_s=setting("lease_s", "HYBRID_PD_LEASE_S", 120.0, float),
             ship_checkpoints=setting("ship_checkpoints", "HYBRID_PD_SHIP_CHECKPOINTS", True, _flag),
-            prefill_to_boundary=setting(
-                "prefill_to_boundary", "HYBRID_PD_PREFILL_TO_BOUNDARY", True, _flag
-            ),
+            prefill_to_boundary=setting("prefill_to_boundary", "HYBRID_PD_PREFILL_TO_BOUNDARY", True, _flag),
             nixl_backend=nixl_backend(extra, env),  # checked in both roles: a typo fails at start-up
             progress_thread=setting("progress_thread", "HYBRID_PD_NIXL_PROGRESS_THREAD", True, _flag),
             idle_wait_ms=setting("idle_wait_ms", "HYBRID_PD_IDLE_WAIT_MS", 0.0, float),

@@ -11,8 +11,8 @@ local hit, bad params, aborted before scheduling) is still announced to P so tha
 
 from __future__ import annotations
 
-import math
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -57,8 +57,11 @@ class SchedulerSide:
         self.engine_id, self.host, self.port = engine_id, host, port
         self.groups = list(groups)
         # P stops at this block boundary (0: computes N-1 tokens): the aligned block of a model with Mamba groups
-        self.boundary = math.lcm(*(g.block_size for g in groups)) if prefill_to_boundary and any(
-            g.kind == "mamba" for g in groups) else 0
+        self.boundary = (
+            math.lcm(*(g.block_size for g in groups))
+            if prefill_to_boundary and any(g.kind == "mamba" for g in groups)
+            else 0
+        )
         self.lease_s = lease_s
         self.store = checkpoints
         self._ship = ship_checkpoints

@@ -12,9 +12,11 @@ openai_api.py        request parsing/type checks; the prefill and decode bodies
 relay.py / usage.py  copy D's JSON or SSE to the client; the whole-request cached_tokens rule
 upstream.py          calls to workers; aiohttp/asyncio errors -> errors.py at this one boundary
 routing/             scorer and picker plugins by name, composed per role by config
-kv_events.py         vLLM KV events on the wire;  kv_subscriber.py: one ZMQ SUB per worker
-kv_index.py          per-worker block hashes per KV-cache group; the usable hybrid hit
-block_hash.py        vLLM's prefix-cache block hashes, reproduced without vLLM
+kv/                  events.py: vLLM KV events on the wire; subscriber.py: one ZMQ SUB per worker;
+                     index.py: block -> workers per KV-cache group (block_map.py), the workers' slots; fleet_hit.py:
+                     the usable hybrid hit of a prompt on every worker in one pass; groups.py: the groups learned;
+                     block_hash.py: vLLM's block hashes, reproduced; prompt_keys.py: a prompt's keys, lazily and
+                     through a cross-request cache; hash_check.py: the workers' hashing checked from their events
 disagg.py            remote prefill or not (short prompt, decoder already holds it)
 discovery_k8s.py     Kubernetes EndpointSlices, listed then watched (polled when watches fail);
                      endpointslices.py: slices -> workers (ready, terminating); k8s_api.py: list and watch

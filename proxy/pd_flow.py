@@ -27,7 +27,7 @@ from typing import Any
 from .disagg import REMOTE, REMOTE_DECODER_BUSY, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .http.request import Request
-from .kv.index import aligned_block
+from .kv.groups import aligned_block
 from .metrics import FlowRecorder
 from .openai_api import OpenAIRequest
 from .relay import relay_json, relay_sse
@@ -88,6 +88,7 @@ class PDFlow:
             cache_salt=_str_or_none(body.body.get("cache_salt")),
             hash_algo=self.config.kv.hash_algo,
             hash_seed=self.state.kv_index.seed,
+            hash_cache=self.state.hash_cache,
         )
         loop = self.loop
         if loop is None:

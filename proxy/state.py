@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from .admission import Admission
 from .config import ProxyConfig
 from .kv.index import KVIndex
+from .kv.prompt_keys import ChainCache
 from .metrics import ProxyMetrics
 from .routing import Deps, Router
 from .upstream import Upstream
@@ -18,6 +19,7 @@ class ProxyState:
     config: ProxyConfig
     pool: WorkerPool
     kv_index: KVIndex
+    hash_cache: ChainCache  # prompts' block hashes, remembered across requests
     metrics: ProxyMetrics
     upstream: Upstream
     admission: Admission
@@ -40,6 +42,7 @@ class ProxyState:
             config=config,
             pool=pool,
             kv_index=kv_index,
+            hash_cache=ChainCache(),
             metrics=metrics,
             upstream=Upstream(config.timeouts),
             admission=Admission(config.admission, metrics),

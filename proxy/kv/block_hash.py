@@ -57,12 +57,30 @@ def chained_block_hashes(
 ) -> list[bytes]:
     """Hashes of every full `hash_block_size` chunk of `token_ids`, as vLLM's request block hasher computes
     them (a trailing partial chunk is not hashed)."""
-    fn = HASH_FUNCTIONS[algo]
-    parent = none_hash(algo, seed)
+    tokens, h = tuple(token_ids), hash_block_size
+    return extend_chain(none_hash(algo, seed), tokens, h, 0, len(tokens) // h, algo, cache_salt)
+
+
+def extend_chain(
+    parent: bytes, tokens: tuple[int, ...], h: int, first: int, last: int, algo: str, cache_salt: str | None = None
+) -> list[bytes]:
+    """The chained hashes of blocks [first, last) of `tokens` at granularity h, `parent` being block first-1's
+    (NONE_HASH for block 0). The default algorithm is inlined: this is the proxy's hot path (one pickle and one
+    sha256 per block, as vLLM's own hasher does; nothing cheaper gives the same bytes)."""
     out: list[bytes] = []
-    for start in range(0, len(token_ids) - hash_block_size + 1, hash_block_size):
-        extra = (("cache_salt", cache_salt),) if (start == 0 and cache_salt) else None
-        parent = fn((parent, tuple(token_ids[start : start + hash_block_size]), extra))
+    if first == 0 and cache_salt and last > 0:
+        parent = HASH_FUNCTIONS[algo]((parent, tokens[:h], (("cache_salt", cache_salt),)))
+        out.append(parent)
+        first = 1
+    if algo == "sha256":
+        dumps, sha, proto, append = pickle.dumps, hashlib.sha256, pickle.HIGHEST_PROTOCOL, out.append
+        for start in range(first * h, last * h, h):
+            parent = sha(dumps((parent, tokens[start : start + h], None), proto)).digest()
+            append(parent)
+        return out
+    fn = HASH_FUNCTIONS[algo]
+    for start in range(first * h, last * h, h):
+        parent = fn((parent, tokens[start : start + h], None))
         out.append(parent)
     return out
 
@@ -70,6 +88,28 @@ def chained_block_hashes(
 def as_int_hash(h: bytes) -> int:
     """The form vLLM publishes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1 (low 64 bits, big endian)."""
     return int.from_bytes(h, "big") & ((1 << 64) - 1)
+
+
+# The routing index keys a block by the low 60 bits of its hash: what a worker publishing ints sends (the low 64)
+# and what one publishing sha256 bytes sends map to the same key, and a 60-bit int is a two-digit Python int.
+# Two blocks share a key with odds 2^-60 per pair: routing is a hint, such a clash costs a recompute at worst.
+KEY_MASK = (1 << 60) - 1
+
+
+def block_key(h: bytes | int) -> int:
+    """The index key of a published block hash (sha256 bytes or vLLM's int form)."""
+    return (h if isinstance(h, int) else int.from_bytes(h[-8:], "big")) & KEY_MASK
+
+
+_LOW64 = struct.Struct(">24xQ").unpack  # a sha256 digest's low 64 bits, big endian
+
+
+def keys_of(hashes: Sequence[bytes | int]) -> list[int]:
+    """block_key of many published hashes (sha256 digests the fast way: one precompiled unpack each)."""
+    try:
+        return [_LOW64(h)[0] & KEY_MASK for h in hashes]  # type: ignore[arg-type]
+    except (struct.error, TypeError):  # an int, or bytes of another length
+        return [block_key(h) for h in hashes]
 
 
 # ---- canonical CBOR (RFC 8949 section 4.2.1), enough for the hashed tuples -------------------------------

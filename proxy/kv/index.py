@@ -1,138 +1,57 @@
-"""What each worker holds in its prefix cache, per KV-cache group, learned from its KV events; and the usable
-hybrid hit of a prompt on it.
+"""What the fleet holds in its prefix caches, learned from the workers' KV events: block -> workers, per KV-cache
+group; and the usable hybrid hit of a prompt on every worker in one pass (fleet_hit.py).
 
-A hybrid model has attention groups and Mamba groups. In align mode a Mamba group caches a state only at
-some block boundaries (a checkpoint), and a prefix hit of N tokens needs BOTH every attention block below N
-AND a checkpoint at exactly N in every Mamba group:
+    KV events of worker w ----> KVIndex.apply ----> BlockMap per group: key -> slots holding it
+                                     |                         ^
+    workers: url -> WorkerKVIndex (slot, seq, gaps)            | one pass over the prompt's blocks
+                                                       KVIndex.hits(prompt keys) -> {url: usable hit}
 
-    prompt hashes  h1   h2   h3   h4   h5        (chained; h_i fingerprints tokens [0, i*B))
-    attention      h1   h2   h3   h4   --        contiguous prefix: 4 blocks
-    mamba          --   h2   --   --   --        checkpoints at 2 blocks only (h4 evicted or never kept)
-    usable hit     2 blocks = 2*B tokens         (the attention prefix alone would claim 4)
+Each worker has a slot (a bit); a worker that loses its cache (AllBlocksCleared, an engine restart, removal) gets a
+fresh slot, its old one dies and is swept out of the maps a few thousand keys per event batch once dead entries
+outnumber live ones (slots.py): no event and no removal waits for a pass over the index. Block keys are the low
+60 bits of the published hashes (block_hash.block_key), whichever form the worker publishes. The groups' kinds
+and block sizes are learned from every worker's events (groups.py). Only the GPU (device) tier counts; offload
+tiers (medium CPU/STORAGE) are not where the engine hits first.
 
-The groups' kinds and block sizes are learned from every worker's events (one model per deployment), so a
-Mamba group a worker never stored into still blocks its hits. Groups of other kinds (sliding window, ...)
-do not limit the hit: the scorer is an estimate for routing,
-never a promise. vLLM always computes a prompt's last token, so a hit is at most len(prompt) - 1 tokens.
-Only the GPU (device) tier counts; offload tiers (medium CPU/STORAGE) are not where the engine hits first.
+A worker that leaves the pool (a readiness blip drops it from Kubernetes' ready endpoints) keeps its slot for
+`grace_s` seconds: the same worker back within it (same URL, and the same engine identity where known) gets it
+again, with the KV events it missed counted as a gap; after it, or for another engine, it starts empty. (vLLM's
+replay socket could fill the gap, but our launchers do not open one: subscriber.py.)
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..config.sections import same_engine
-from .block_hash import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED, as_int_hash
+from .block_hash import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED, keys_of
+from .block_map import BlockMap
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from .fleet_hit import usable_hits
+from .groups import DEVICE_MEDIA, EventGroup, hash_block_size
 from .hash_check import hash_granularity
+from .prompt_keys import PromptKeys
+from .slots import Slots
 
-ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
-MAMBA_KIND = "mamba"
-DEVICE_MEDIA = frozenset({None, "GPU"})
 log = logging.getLogger("hybrid_pd.proxy")
-
-
-@dataclass
-class EventGroup:
-    """A KV-cache group as the workers' KV events describe it (vLLM's spec kind names: full_attention, mamba,
-    ...). The connector's plan.GroupSpec is its own view of a group (attention or mamba)."""
-
-    kind: str
-    block_size: int
+KeysFor = Callable[[int], PromptKeys]  # hash block size -> the prompt's keys at it (cached per request)
 
 
 @dataclass
 class WorkerKVIndex:
-    """The block hashes one worker has announced, per KV-cache group."""
+    """One worker's place in the index: its slot, and what its event stream's sequence numbers told."""
 
-    hashes: dict[int, set[bytes | int]] = field(default_factory=dict)  # group_idx -> stored block hashes
-    int_hashes: bool = False  # the worker publishes 64-bit ints instead of sha256 bytes
+    slot: int
     last_seq: int = -1
     gaps: int = 0  # batches missed (sequence jumps); the index may then overestimate until eviction events
-
-    def apply(self, batch: KVEventBatch, specs: dict[int, EventGroup]) -> None:
-        """Apply one batch; learns each group's kind and block size into `specs` (shared by all workers)."""
-        for ev in batch.events:
-            if isinstance(ev, BlockStored):
-                if ev.medium not in DEVICE_MEDIA:
-                    continue
-                gid = ev.group_idx or 0
-                spec = specs.get(gid)
-                if spec is None or (ev.kv_cache_spec_kind and spec.kind != ev.kv_cache_spec_kind):
-                    # learned even from an empty store: align mode announces a Mamba group with no checkpoint
-                    # kept on a prompt's first pass, and that group must still block attention-only "hits"
-                    specs[gid] = EventGroup(ev.kv_cache_spec_kind or "full_attention", ev.block_size)
-                if not ev.block_hashes:
-                    continue
-                self.int_hashes = isinstance(ev.block_hashes[0], int)
-                self.hashes.setdefault(gid, set()).update(ev.block_hashes)
-            elif isinstance(ev, BlockRemoved):
-                if ev.medium not in DEVICE_MEDIA:
-                    continue
-                self.hashes.get(ev.group_idx or 0, set()).difference_update(ev.block_hashes)
-            elif isinstance(ev, AllBlocksCleared):
-                for hashes in self.hashes.values():
-                    hashes.clear()
 
     def note_seq(self, seq: int) -> None:
         if self.last_seq >= 0 and seq > self.last_seq + 1:
             self.gaps += seq - self.last_seq - 1
         self.last_seq = seq
-
-
-def hash_block_size(specs: dict[int, EventGroup], configured: int = 0) -> int:
-    """vLLM's default hash_block_size is the gcd of the groups' block sizes (prefix_match_unit unset)."""
-    if configured:
-        return configured
-    sizes = [g.block_size for g in specs.values() if g.block_size > 0]
-    return math.gcd(*sizes) if sizes else 0
-
-
-def aligned_block(specs: dict[int, EventGroup]) -> int:
-    """Tokens per aligned block (the lcm of the groups' block sizes; 0 while no event told them): the unit of
-    every hybrid hit, and the least a remote prefill should move."""
-    sizes = [g.block_size for g in specs.values() if g.kind in ATTENTION_KINDS or g.kind == MAMBA_KIND]
-    return math.lcm(*sizes) if sizes else 0
-
-
-def usable_hit_tokens(
-    worker: WorkerKVIndex,
-    specs: dict[int, EventGroup],
-    num_tokens: int,
-    hashes_for: Callable[[int], list[bytes]],
-    configured_hash_block_size: int = 0,
-) -> int:
-    """Longest prefix (tokens) of a `num_tokens` prompt that `worker` can serve from its cache with both
-    attention blocks and a Mamba checkpoint in every group. `specs` are the groups learned from every
-    worker (one model per deployment): a Mamba group a worker never stored into still blocks its hits.
-    `hashes_for(h)` gives the prompt's chained hashes at granularity h (cached by the caller)."""
-    attention = {gid: g for gid, g in specs.items() if g.kind in ATTENTION_KINDS}
-    mamba = {gid: g for gid, g in specs.items() if g.kind == MAMBA_KIND}
-    h = hash_block_size(specs, configured_hash_block_size)
-    if h <= 0 or not (attention or mamba):
-        return 0
-    raw = hashes_for(h)
-    keys = [as_int_hash(x) for x in raw] if worker.int_hashes else raw
-    empty: set[bytes | int] = set()
-    limit = min(num_tokens - 1, len(keys) * h)  # vLLM computes the last prompt token itself
-    for gid, g in attention.items():
-        stored, k, blocks = worker.hashes.get(gid, empty), g.block_size // h, 0
-        while (blocks + 1) * g.block_size <= limit and keys[(blocks + 1) * k - 1] in stored:
-            blocks += 1
-        limit = min(limit, blocks * g.block_size)
-    if not mamba:
-        return max(limit, 0)
-    step = aligned_block(specs)
-    n = (max(limit, 0) // step) * step
-    while n > 0:
-        if all(keys[n // h - 1] in worker.hashes.get(gid, empty) for gid in mamba):
-            return n
-        n -= step
-    return 0
 
 
 @dataclass
@@ -143,41 +62,113 @@ class Retired:
 
 
 class KVIndex:
-    """Per-worker indexes keyed by worker URL, the KV-cache groups learned from all of them, and whether the
-    proxy's hashing reproduces theirs (hash_check.py).
-
-    A worker that leaves the pool (a readiness blip drops it from Kubernetes' ready endpoints) keeps its index
-    for `grace_s` seconds: the same worker back within it (same URL, and the same engine identity where known)
-    gets it again, with the KV events it missed counted as a gap; after it, or for another engine, it starts
-    empty. (vLLM's replay socket could fill the gap, but our launchers do not open one: kv_subscriber.py.)"""
+    """Block -> workers maps per group, the workers' slots, the groups learned from all of them, and whether the
+    proxy's hashing reproduces theirs (hash_check.py)."""
 
     def __init__(
         self,
         algo: str = "sha256",
-        seed: str = "vllm-none-hash",
+        seed: str = DEFAULT_NONE_HASH_SEED,
         grace_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        sweep_min_entries: int = 1 << 16,
+        sweep_step_keys: int = 1 << 12,
     ) -> None:
         self.workers: dict[str, WorkerKVIndex] = {}
         self.retired: dict[str, Retired] = {}
         self.grace_s, self.clock = grace_s, clock
         self.specs: dict[int, EventGroup] = {}
+        self.maps: dict[int, BlockMap] = {}
         self.algo, self.seed = algo, seed
         # with the default seed, the workers may be on a vLLM < 0.27 started by our launchers: try theirs too
         self.candidate_seeds = [seed] + ([LAUNCHER_HASH_SEED] if seed == DEFAULT_NONE_HASH_SEED else [])
         self.hashes_verified: bool | None = None  # None: no event could tell yet
         self.detected_hash_block_size = 0
+        self.slots = Slots(self.maps, sweep_min_entries, sweep_step_keys)
+        self._slot_urls: dict[int, str] | None = None  # live slot -> url, rebuilt after membership changes
+        self._everyone = 0  # their bits
 
+    # ---- workers and their slots ------------------------------------------------------------------------------
     def of(self, url: str) -> WorkerKVIndex:
         idx = self.workers.get(url)
         if idx is None:
-            idx = self.workers[url] = WorkerKVIndex()
+            idx = self.workers[url] = WorkerKVIndex(self.slots.new())
+            self._slot_urls = None
         return idx
 
+    def drop(self, url: str) -> None:
+        index = self.workers.pop(url, None)
+        if index is not None:
+            self._kill(index.slot)
+
+    def retire(self, url: str, identity: str | None) -> None:
+        """The worker left the pool: keep its index for grace_s seconds."""
+        self._expire()
+        index = self.workers.pop(url, None)
+        if index is None:
+            return
+        self._slot_urls = None
+        if self.grace_s > 0:
+            earlier = self.retired.pop(url, None)  # retired before, then back without revive: superseded
+            if earlier is not None:
+                self._kill(earlier.index.slot)
+            self.retired[url] = Retired(index, identity, self.clock())
+        else:
+            self._kill(index.slot)
+
+    def revive(self, url: str, identity: str | None) -> bool:
+        """The worker (re)joined the pool: give it back its index if it left within grace_s seconds and is
+        the same engine; True when it did."""
+        self._expire()
+        old = self.retired.pop(url, None)
+        if old is None:
+            return False
+        if not same_engine(old.identity, identity):
+            self._kill(old.index.slot)
+            return False
+        self.drop(url)  # an index made meanwhile (events before the pool knew) gives way to the kept one
+        self.workers[url] = old.index
+        self._slot_urls = None
+        return True
+
+    def _expire(self) -> None:
+        horizon = self.clock() - self.grace_s
+        for url in [u for u, r in self.retired.items() if r.since < horizon]:
+            self._kill(self.retired.pop(url).index.slot)
+
+    def _kill(self, slot: int) -> None:
+        self._slot_urls = None
+        self.slots.kill(slot)
+
+    # ---- events -----------------------------------------------------------------------------------------------
     def apply(self, url: str, batch: KVEventBatch) -> None:
         if not self.hashes_verified:
             self._verify(url, batch)
-        self.of(url).apply(batch, self.specs)
+        worker = self.of(url)
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                if ev.medium not in DEVICE_MEDIA:
+                    continue
+                gid = ev.group_idx or 0
+                spec = self.specs.get(gid)
+                if spec is None or (ev.kv_cache_spec_kind and spec.kind != ev.kv_cache_spec_kind):
+                    # learned even from an empty store: align mode announces a Mamba group with no checkpoint
+                    # kept on a prompt's first pass, and that group must still block attention-only "hits"
+                    self.specs[gid] = EventGroup(ev.kv_cache_spec_kind or "full_attention", ev.block_size)
+                if ev.block_hashes:
+                    blocks = self.maps.get(gid) or self.maps.setdefault(gid, BlockMap())
+                    self.slots.entries[worker.slot] += blocks.store(worker.slot, keys_of(ev.block_hashes))
+            elif isinstance(ev, BlockRemoved):
+                if ev.medium not in DEVICE_MEDIA:
+                    continue
+                held = self.maps.get(ev.group_idx or 0)
+                if held is not None:
+                    self.slots.entries[worker.slot] -= held.remove(worker.slot, keys_of(ev.block_hashes))
+            elif isinstance(ev, AllBlocksCleared):
+                old = worker.slot
+                worker.slot = self.slots.new()
+                self._kill(old)  # forgets the slot -> url map too
+        self.slots.step(32 * len(batch.events))  # a sweep in progress moves on with the events (else a no-op)
 
     def _verify(self, url: str, batch: KVEventBatch) -> None:
         for ev in batch.events:
@@ -212,37 +203,48 @@ class KVIndex:
                 self.hashes_verified, self.detected_hash_block_size = True, g
                 return
 
-    def drop(self, url: str) -> None:
-        self.workers.pop(url, None)
-
-    def retire(self, url: str, identity: str | None) -> None:
-        """The worker left the pool: keep its index for grace_s seconds."""
-        self._expire()
-        index = self.workers.pop(url, None)
-        if index is not None and self.grace_s > 0:
-            self.retired[url] = Retired(index, identity, self.clock())
-
-    def revive(self, url: str, identity: str | None) -> bool:
-        """The worker (re)joined the pool: give it back its index if it left within grace_s seconds and is
-        the same engine; True when it did."""
-        self._expire()
-        old = self.retired.pop(url, None)
-        if old is None or not same_engine(old.identity, identity):
-            return False
-        self.workers[url] = old.index
-        return True
-
-    def _expire(self) -> None:
-        horizon = self.clock() - self.grace_s
-        for url in [u for u, r in self.retired.items() if r.since < horizon]:
-            del self.retired[url]
+    # ---- questions --------------------------------------------------------------------------------------------
+    def hits(self, num_tokens: int, keys_for: KeysFor, configured_hash_block_size: int = 0) -> dict[str, int]:
+        """The usable hybrid hit (tokens) of a `num_tokens` prompt on every indexed worker, in one pass."""
+        slot_urls = self._slot_urls
+        if slot_urls is None:
+            slot_urls = self._slot_urls = {w.slot: url for url, w in self.workers.items()}
+            self._everyone = sum(1 << s for s in slot_urls)
+        h = hash_block_size(self.specs, configured_hash_block_size or self.detected_hash_block_size)
+        classes = usable_hits(self.specs, self.maps, h, num_tokens, keys_for(h), self._everyone) if h > 0 else {}
+        zero = self._everyone
+        for bits in classes.values():
+            zero &= ~bits
+        found = [*classes.items(), (0, zero)]
+        common = max(range(len(found)), key=lambda i: found[i][1].bit_count())
+        out = dict.fromkeys(self.workers, found[common][0])  # then only the other classes' slots one by one
+        for i, (tokens, bits) in enumerate(found):
+            while bits and i != common:
+                low = bits & -bits
+                out[slot_urls[low.bit_length() - 1]] = tokens
+                bits ^= low
+        return out
 
     def hit_tokens(
         self, url: str, num_tokens: int, hashes_for: Callable[[int], list[bytes]], configured_hash_block_size: int = 0
     ) -> int:
-        worker = self.workers.get(url)
-        if worker is None or num_tokens < 2:
+        """One worker's usable hit, from the prompt's chained hashes (bytes) at each granularity asked."""
+        if url not in self.workers:
             return 0
-        return usable_hit_tokens(
-            worker, self.specs, num_tokens, hashes_for, configured_hash_block_size or self.detected_hash_block_size
-        )
+        return self.hits(num_tokens, lambda h: _given(hashes_for(h)), configured_hash_block_size)[url]
+
+    def held(self, url: str) -> dict[int, set[int]]:
+        """Group -> the keys `url` holds (a scan of the maps: for tests and debugging)."""
+        slot = self.workers[url].slot
+        return {gid: blocks.held_by(slot) for gid, blocks in self.maps.items()}
+
+    def entries(self) -> int:
+        """(block, group, worker) entries held by live and retired workers."""
+        return self.slots.live_entries()
+
+
+def _given(hashes: list[bytes]) -> PromptKeys:
+    """A PromptKeys over hashes already computed."""
+    keys = PromptKeys((), 1)
+    keys.keys, keys.total = keys_of(hashes), len(hashes)
+    return keys

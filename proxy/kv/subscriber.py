@@ -4,7 +4,7 @@ Sequence numbers tell what was missed: a jump is counted (the index may keep a f
 events remove them: routing is a hint, a wrong guess costs a recompute, never a wrong answer); a number that
 goes backwards means the engine restarted with an empty cache, so its index is cleared. vLLM's replay socket
 is not used: a SUB connects before the engine's first store, so it misses nothing at start; a worker that left
-the pool for a moment gets its index back (kv_index.KVIndex.retire/revive) and what it missed meanwhile counts
+the pool for a moment gets its index back (index.KVIndex.retire/revive) and what it missed meanwhile counts
 as a gap. Replay would fill that gap, but vLLM binds its replay ROUTER on the worker, which takes a launcher
 flag, a port per worker in the Service and the NetworkPolicy; not done.
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..config.sections import KVIndexConfig
-from ..kv.block_hash import chained_block_hashes
 from ..kv.index import KVIndex
+from ..kv.prompt_keys import ChainCache, PromptKeys
 from ..workers import Worker
 
 
@@ -29,15 +29,18 @@ class RequestContext:
     hash_algo: str = "sha256"
     hash_seed: str = "vllm-none-hash"
     hits: dict[str, int] = field(default_factory=dict)  # worker URL -> usable hybrid hit (tokens)
-    _hashes: dict[int, list[bytes]] = field(default_factory=dict)
+    hash_cache: ChainCache | None = None  # the proxy's, shared by its requests
+    hits_known: bool = False  # hits holds every indexed worker's (one pass over the index, kv_hit.hit_tokens)
+    _keys: dict[int, PromptKeys] = field(default_factory=dict)
 
-    def hashes_for(self, hash_block_size: int) -> list[bytes]:
-        """The prompt's chained block hashes at this granularity, computed once per request."""
-        if hash_block_size not in self._hashes:
-            self._hashes[hash_block_size] = chained_block_hashes(
-                self.token_ids or [], hash_block_size, self.hash_algo, self.hash_seed, self.cache_salt
+    def keys_for(self, hash_block_size: int) -> PromptKeys:
+        """The prompt's block keys at this granularity, hashed lazily and at most once per request."""
+        keys = self._keys.get(hash_block_size)
+        if keys is None:
+            keys = self._keys[hash_block_size] = PromptKeys(
+                self.token_ids or (), hash_block_size, self.hash_algo, self.hash_seed, self.cache_salt, self.hash_cache
             )
-        return self._hashes[hash_block_size]
+        return keys
 
 
 @dataclass(frozen=True)

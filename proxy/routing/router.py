@@ -23,8 +23,7 @@ class Router:
     def scores(self, ctx: RequestContext, workers: Sequence[Worker]) -> list[float]:
         total = [0.0] * len(workers)
         for scorer, weight in self.scorers:
-            for i, s in enumerate(scorer.score(ctx, workers)):
-                total[i] += weight * min(1.0, max(0.0, s))
+            total = [t + weight * min(1.0, max(0.0, s)) for t, s in zip(total, scorer.score(ctx, workers))]
         return [t / self.total_weight for t in total]
 
     def pick(self, ctx: RequestContext, workers: Sequence[Worker]) -> Worker:

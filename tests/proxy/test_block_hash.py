@@ -9,7 +9,8 @@ import vllm.v1.core.kv_cache_utils as kv_cache_utils
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid_pd.proxy.kv.block_hash import as_int_hash, cbor_canonical, chained_block_hashes
+from hybrid_pd.proxy.kv.block_hash import as_int_hash, block_key, cbor_canonical, chained_block_hashes
+from hybrid_pd.proxy.kv.prompt_keys import ChainCache, PromptKeys
 
 ALGOS = {"sha256": hashing.sha256, "sha256_cbor": hashing.sha256_cbor}
 
@@ -31,6 +32,19 @@ def test_equal_to_vllm_default_seed(algo, monkeypatch):
     ours = chained_block_hashes(tokens, 16, algo)
     assert len(ours) == len(tokens) // 16
     assert ours == vllm_hashes(tokens, 16, ALGOS[algo])
+
+
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_routing_keys_are_those_of_vllm_hashes(algo, monkeypatch):
+    """What routing looks up (lazily, through the cross-request cache) is vLLM's hash, cut to the index key."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    kv_cache_utils.init_none_hash(ALGOS[algo])
+    tokens = [0, 1, 255, 256, 65535, 65536, 2**31 - 1, 151643] * 40
+    want = [block_key(h) for h in vllm_hashes(tokens, 16, ALGOS[algo])]
+    cache = ChainCache()
+    assert PromptKeys(tokens[:160], 16, algo, cache=cache).upto(3)[:3] == want[:3]
+    assert PromptKeys(tokens, 16, algo, cache=cache).upto(len(tokens)) == want
+    assert PromptKeys(tokens, 16, algo).upto(len(tokens)) == want
 
 
 def test_equal_to_vllm_with_pythonhashseed_and_cache_salt(monkeypatch):

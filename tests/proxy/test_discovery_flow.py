@@ -9,6 +9,8 @@ import asyncio
 import aiohttp
 
 from hybrid_pd.proxy.app import serve_in_background
+from hybrid_pd.proxy.kv.block_hash import block_key
+from hybrid_pd.proxy.kv.events import BlockStored, KVEventBatch
 from tests.proxy.fake_k8s_api import FakeK8sAPI, endpoint, endpoint_slice
 from tests.proxy.fakes import FakeWorker, run
 from tests.proxy.test_discovery_k8s import proxy_config, until
@@ -19,6 +21,10 @@ def slice_of(w: FakeWorker, name: str, **conditions) -> dict:
     uid = conditions.pop("uid", None)
     return endpoint_slice(name, w.role, [endpoint(host, uid=uid or f"uid-{port}", **conditions)], http=int(port),
                           events=None)
+
+
+def store(kv, url: str, h: bytes) -> None:
+    kv.apply(url, KVEventBatch(0, [BlockStored([h], None, [], 4, medium="GPU", group_idx=0)]))
 
 
 async def started(*workers: FakeWorker) -> None:
@@ -66,7 +72,7 @@ def test_a_terminating_decoder_finishes_its_stream_and_gets_nothing_new():
                 state = proxy.state
                 await until(lambda: len(state.pool.all("decode")) == 1)
                 worker = state.pool.all("decode")[0]
-                state.kv_index.of(d1.url).hashes[0] = {b"h1"}
+                store(state.kv_index, d1.url, b"h1")
                 stream = asyncio.create_task(complete(s, proxy.url, stream=True))
                 await asyncio.wait_for(d1.received.wait(), 5)  # in flight on d1
                 api.put(slice_of(d1, "dec-1", ready=False, serving=True, terminating=True))
@@ -76,7 +82,7 @@ def test_a_terminating_decoder_finishes_its_stream_and_gets_nothing_new():
                     assert await complete(s, proxy.url) == 200
                 assert len(d1.generate_calls) == 1 and len(d2.generate_calls) == 3
                 assert worker in state.pool.all("decode") and worker.terminating and worker.healthy
-                assert worker.in_flight == 1 and state.kv_index.workers[d1.url].hashes[0] == {b"h1"}
+                assert worker.in_flight == 1 and state.kv_index.held(d1.url) == {0: {block_key(b"h1")}}
                 async with s.get(proxy.url + "/health") as r:
                     assert (await r.json())["terminating"] == [d1.url]
                 d1.release.set()
@@ -100,8 +106,8 @@ def test_a_readiness_blip_keeps_the_kv_index_within_the_grace_period():
             async with serve_in_background(proxy_config(url, kv_index_grace_s=0.5)) as proxy:
                 state, kv = proxy.state, proxy.state.kv_index
                 await until(lambda: len(state.pool.all("decode")) == 1)
-                kept = kv.of(d1.url)
-                kept.hashes[0] = {b"h1"}
+                store(kv, d1.url, b"h1")
+                kept = kv.workers[d1.url]
 
                 async def blip(**back) -> None:
                     api.put(slice_of(d1, "dec", ready=False))
@@ -111,11 +117,11 @@ def test_a_readiness_blip_keeps_the_kv_index_within_the_grace_period():
                     await until(lambda: len(state.pool.all("decode")) == 1)
 
                 await blip()  # back within the grace period: the same index
-                assert kv.workers[d1.url] is kept and kept.hashes[0] == {b"h1"}
+                assert kv.workers[d1.url] is kept and kv.held(d1.url) == {0: {block_key(b"h1")}}
                 await blip(uid="another-pod")  # the same address, another engine: empty
                 assert kv.workers.get(d1.url) is not kept
-                fresh = kv.of(d1.url)
-                fresh.hashes[0] = {b"h2"}
+                store(kv, d1.url, b"h2")
+                assert kv.held(d1.url) == {0: {block_key(b"h2")}}
                 api.put(slice_of(d1, "dec", ready=False, uid="another-pod"))
                 await until(lambda: not state.pool.all("decode"))
                 await asyncio.sleep(0.7)  # past the grace period

@@ -10,6 +10,7 @@ import pytest
 import vllm.distributed.kv_events as vk  # a moved module fails loudly, never skips
 import zmq.asyncio
 
+from hybrid_pd.proxy.kv.block_hash import block_key
 from hybrid_pd.proxy.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -78,9 +79,9 @@ def test_subscriber_follows_vllm_publisher(tmp_path):
                 pub.publish(vk.KVEventBatch(ts=0.0, events=[]))
                 await asyncio.sleep(0.02)
             pub.publish(vk.KVEventBatch(ts=0.0, events=vllm_batch().events[:2]))
-            while not index.workers[worker.url].hashes.get(3):
+            while not index.held(worker.url).get(3):
                 await asyncio.sleep(0.01)
-            assert index.workers[worker.url].hashes[0] == {b"\x01" * 32, b"\x02" * 32}
+            assert index.held(worker.url)[0] == {block_key(b"\x01" * 32), block_key(b"\x02" * 32)}
             assert index.specs[3].kind == "mamba" and index.specs[0].block_size == 4
         finally:
             task.cancel()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hybrid_pd.proxy.kv.block_hash import block_key
+from hybrid_pd.proxy.kv.events import BlockStored, KVEventBatch
 from hybrid_pd.proxy.kv.index import KVIndex
 
 
@@ -13,10 +15,14 @@ class Clock:
         return self.now
 
 
+def store(kv: KVIndex, url: str, h: bytes) -> None:
+    kv.apply(url, KVEventBatch(0, [BlockStored([h], None, [], 4, medium="GPU", group_idx=0)]))
+
+
 def indexed(grace_s: float = 60.0) -> tuple[KVIndex, Clock]:
     clock = Clock()
     kv = KVIndex(grace_s=grace_s, clock=clock)
-    kv.of("http://a:1").hashes[0] = {b"h"}
+    store(kv, "http://a:1", b"h")
     return kv, clock
 
 
@@ -27,6 +33,7 @@ def test_the_same_worker_back_within_the_grace_period_gets_its_index():
     assert "http://a:1" not in kv.workers
     clock.now += 59
     assert kv.revive("http://a:1", "pod-1") and kv.workers["http://a:1"] is kept
+    assert kv.held("http://a:1") == {0: {block_key(b"h")}}
     kv.retire("http://a:1", None)  # identity unknown (static workers): the URL decides
     assert kv.revive("http://a:1", None) and kv.workers["http://a:1"] is kept
 
@@ -35,7 +42,8 @@ def test_another_engine_or_a_late_return_starts_empty():
     kv, clock = indexed()
     kv.retire("http://a:1", "pod-1")
     assert not kv.revive("http://a:1", "pod-2") and "http://a:1" not in kv.workers
-    kv.of("http://a:1").hashes[0] = {b"h"}
+    store(kv, "http://a:1", b"h2")
+    assert kv.held("http://a:1") == {0: {block_key(b"h2")}}  # the other engine's index starts empty
     kv.retire("http://a:1", "pod-2")
     clock.now += 61
     assert not kv.revive("http://a:1", "pod-2") and not kv.retired

@@ -7,7 +7,7 @@ import contextlib
 
 import aiohttp
 
-from hybrid_pd.proxy.kv.block_hash import chained_block_hashes
+from hybrid_pd.proxy.kv.block_hash import block_key, chained_block_hashes
 from hybrid_pd.proxy.kv.events import BlockStored, KVEventBatch
 from tests.proxy.fakes import FakeWorker, metric_value, run, tokens_of
 from tests.proxy.kv_publisher import FakePublisher
@@ -152,14 +152,14 @@ def test_removed_blocks_and_restarts_update_the_index():
             seq = await pubs[2].send(KVEventBatch(0.0, [AllBlocksCleared()]))
             await pubs[2].delivered(idx, d2.url, seq)
             assert idx.workers[d2.url].gaps == 5
-            assert all(not hs for hs in idx.workers[d2.url].hashes.values())
+            assert all(not hs for hs in idx.held(d2.url).values())
             m = proxy.state.metrics.render().decode()
             assert metric_value(m, "hybrid_pd_proxy_kv_event_gaps_total", worker=d2.url) == 5
             await pubs[2].send_raw([b"t", b"\x00" * 8, b"not msgpack"])  # garbage is counted, not fatal
             pubs[2].seq = 0  # the engine restarted: the index starts over
             seq = await pubs[2].send(KVEventBatch(0.0, [stored(HASHES[:1], 0, "full_attention")]))
             await pubs[2].delivered(idx, d2.url, seq)
-            assert idx.workers[d2.url].gaps == 0 and idx.workers[d2.url].hashes[0] == {HASHES[0]}
+            assert idx.workers[d2.url].gaps == 0 and idx.held(d2.url)[0] == {block_key(HASHES[0])}
             m = proxy.state.metrics.render().decode()
             assert metric_value(m, "hybrid_pd_proxy_kv_event_errors_total", worker=d2.url) == 1
     run(body())
