@@ -57,6 +57,7 @@ def reference(engines):
     """Every output the module compares against, from one plain engine."""
     ref = engines.up("ref")["ref"]
     out = {"pd": {n: complete(ref, text_of(n, n))["choices"][0]["text"] for n in PD_PROMPTS},
+           "another_p": complete(ref, text_of(700, 7_000))["choices"][0]["text"],
            "pd_greedy": {n: greedy_reference(ref, text_of(n, n)) for n in PD_PROMPTS},
            "other": complete(ref, other_prompt(ref))["choices"][0]["text"],
            "killed": complete(ref, text_of(400, 77))["choices"][0]["text"]}
@@ -90,7 +91,9 @@ def test_prefiller_with_other_weights_changes_the_output(engines, reference):
 def other_prompt(url: str) -> list[int]:
     """Two blocks and one token: P computes the two blocks, D only the last token, from P's KV and state (the
     tiny models look back two words, so a longer tail computed on D would hide P's weights)."""
-    return tokenize(url, text_of(500, 42))[: 2 * BS + 1]
+    ids = tokenize(url, text_of(1000, 42))[: 2 * BS + 1]
+    assert len(ids) == 2 * BS + 1
+    return ids
 
 
 def test_dead_prefiller_means_recompute_within_the_deadline(engines, reference):
@@ -128,8 +131,8 @@ def test_another_prefiller_after_one_died_is_handshaken(engines, reference):
     prefiller restarted on the same host:port under a new engine id: tests/e2e/test_chaos.py."""
     urls = engines.up("p", "d")
     before = d_metrics(urls["d"])
-    _, d_resp = pd_complete(urls["p"], urls["d"], text_of(700, 700))
-    assert d_resp["choices"][0]["text"] == reference["pd"][700]
+    _, d_resp = pd_complete(urls["p"], urls["d"], text_of(700, 7_000))  # a prompt no other test sends
+    assert d_resp["choices"][0]["text"] == reference["another_p"]
     m = delta(before, d_metrics(urls["d"]))
     assert m["hybrid_pd_bytes_transferred_count"] == 1 and m["hybrid_pd_failed_transfers_total"] == 0
 
@@ -138,7 +141,7 @@ def test_another_prefiller_after_one_died_is_handshaken(engines, reference):
 def test_pd_greedy_output_equals_one_engine(engines, reference, n_words):
     urls = engines.up("p", "d")
     before = d_metrics(urls["d"])
-    _, d_resp = pd_complete(urls["p"], urls["d"], text_of(n_words, n_words), logprobs=1)
+    p_resp, d_resp = pd_complete(urls["p"], urls["d"], text_of(n_words, n_words), logprobs=1)
     assert_same_greedy(reference["pd_greedy"][n_words], d_resp)
     moved = delta(before, d_metrics(urls["d"]))
     assert moved["hybrid_pd_bytes_transferred_count"] == 1 and moved["hybrid_pd_bytes_transferred_sum"] > 0
@@ -148,7 +151,9 @@ def test_pd_greedy_output_equals_one_engine(engines, reference, n_words):
 def test_every_pd_turn_moves_the_minimal_bytes(engines, reference):
     """Bytes = attention blocks D lacks + one state per GDN layer (+ one checkpoint per layer if shipped).
 
-    The first two terms are the floor (upstream moves exactly these: 661,504 B for 2 blocks + 2 states).
+    The first two terms are the floor (upstream moves exactly these: 661,504 B for 2 blocks + 2 states). A
+    turn whose new tokens do not cross the block boundary P stops at moves nothing: D's attention blocks from
+    the last turn already reach it, and D computes from the boundary where its own Mamba checkpoint is.
     """
     urls = engines.up("p", "d")
     report = []
@@ -159,24 +164,26 @@ def test_every_pd_turn_moves_the_minimal_bytes(engines, reference):
         m = delta(before, d_metrics(urls["d"]))
         n = p_resp["kv_transfer_params"]["remote_num_tokens"]
         local_hit = int(m["prefix_cache_hits_total"])
-        checkpoints = int(m["hybrid_pd_checkpoints_shipped_total"])  # one per Mamba group (= all GDN layers)
-        minimal = minimal_bytes(n, local_hit)
-        assert m["hybrid_pd_bytes_transferred_sum"] == minimal + checkpoints * MAMBA_LAYERS * STATE
+        checkpoints = int(m.get("hybrid_pd_checkpoints_shipped_total", 0))  # one per Mamba group (= all GDN layers)
+        minimal = minimal_bytes(n, local_hit) if m.get("hybrid_pd_bytes_transferred_count") else 0
+        assert m.get("hybrid_pd_bytes_transferred_sum", 0) == minimal + checkpoints * MAMBA_LAYERS * STATE
         assert checkpoints in (0, 1)
-        report.append((k + 1, n, local_hit, int(m["hybrid_pd_bytes_transferred_sum"]), minimal,
-                       int(m["hybrid_pd_descriptors_sum"]), checkpoints))
+        report.append((k + 1, n, local_hit, int(m.get("hybrid_pd_bytes_transferred_sum", 0)), minimal,
+                       int(m.get("hybrid_pd_descriptors_sum", 0)), checkpoints))
+    assert sum(1 for row in report if row[3]) >= len(report) // 2, report  # most turns read from P
     print("\nturn, tokens on P, D's own hit, bytes moved, minimal (no checkpoint), descriptors, checkpoints")
     for row in report:
         print(*row)
 
 
-def test_next_turn_straight_to_decoder_hits_the_shipped_checkpoint(engines, reference):
+def test_next_turn_straight_to_decoder_hits_the_boundary_p_computed(engines, reference):
     """Turn k through PD, turn k+1 straight to D: D's hit reaches P's last block boundary (upstream: 0), as one
-    engine's does, and D's answer from that shipped checkpoint is one engine's answer.
+    engine's does, and D's answer from that state is one engine's answer.
 
-    A prompt neither engine has seen (300 words: P keeps its state at 256 tokens). For longer fresh
-    prompts vLLM 0.32's align mode on P kept no boundary state in our runs, so there is nothing to ship;
-    `test_next_turn_straight_to_decoder_hits_and_answers_as_one_engine` follows a conversation.
+    P stops at the last block boundary below the prompt's end, so the state D resumes from is that boundary's
+    checkpoint: D caches it as its own and nothing else crosses (no separate checkpoint). A prompt neither
+    engine has seen (300 words); `test_next_turn_straight_to_decoder_hits_and_answers_as_one_engine` follows a
+    conversation.
     """
     urls = engines.up("p", "d")
     ids, first, nxt, bar = (reference["shipped"][k] for k in ("ids", "first", "next", "next_cached"))
@@ -184,23 +191,24 @@ def test_next_turn_straight_to_decoder_hits_the_shipped_checkpoint(engines, refe
     p_resp, d_resp = pd_complete(urls["p"], urls["d"], ids, max_tokens=8, return_token_ids=True)
     assert d_resp["choices"][0]["token_ids"] == first
     n = p_resp["kv_transfer_params"]["remote_num_tokens"]
-    boundary = n // BS * BS
-    assert n % BS and [c["tokens"] for c in p_resp["kv_transfer_params"]["checkpoints"]] == [boundary]
-    assert delta(before, d_metrics(urls["d"]))["hybrid_pd_checkpoints_shipped_total"] == 1
+    boundary = n
+    assert n % BS == 0 and p_resp["kv_transfer_params"]["checkpoints"] == []
+    assert delta(before, d_metrics(urls["d"])).get("hybrid_pd_checkpoints_shipped_total", 0) == 0
     resp = complete(urls["d"], nxt, ANSWER_TOKENS, logprobs=2)
     compared = assert_same_greedy(reference["shipped"]["next_answer"], resp)
-    print(f"\n{n} tokens on P: checkpoint at {boundary}; next turn straight to D: {cached(resp)} cached tokens "
+    print(f"\n{n} tokens on P: D resumes at {boundary}; next turn straight to D: {cached(resp)} cached tokens "
           f"(one engine: {bar}), {compared} of {ANSWER_TOKENS} decided tokens equal")
     assert cached(resp) == bar == boundary == 256
 
 
 def test_next_turn_straight_to_decoder_hits_and_answers_as_one_engine(engines, reference):
     """Turn k through PD, then a branch of turn k+1 straight to D, for k = 1..6 of a conversation neither
-    engine has seen: D reports exactly the cached tokens one colocated engine reports for the same sequence of
-    requests, and answers the branch with that engine's greedy tokens. The first turn's hit comes from the
-    checkpoint P shipped (D never computed that boundary itself), so its answer proves the checkpoint's bytes
-    and the hash it was registered under. (Upstream's NixlConnector hits 0, 256, 512, 512, 768, 1024 where the
-    engine reports 256, 256, 512, 512, 1024, 1280; tests/bench/results/connector/summary.md.)"""
+    engine has seen: D reports at least the cached tokens one colocated engine reports for the same sequence of
+    requests (more where the boundary P stopped at is one the engine did not keep), and answers the branch
+    with that engine's greedy tokens. The first turn's hit comes from the state P computed (D never computed
+    that boundary itself), so its answer proves those bytes and the hash D cached them under. (Upstream's
+    NixlConnector hits 0, 256, 512, 512, 768, 1024 where the engine reports 256, 256, 512, 512, 1024, 1280;
+    tests/bench/results/connector/summary.md.)"""
     urls = engines.up("p", "d")
     conv = reference["branching"]
     got, compared = [], []
@@ -211,7 +219,7 @@ def test_next_turn_straight_to_decoder_hits_and_answers_as_one_engine(engines, r
         compared.append(assert_same_greedy(answer, resp))
     print(f"\nnext turn straight to D, k = 1..{len(got)}: ours {got}, one engine {conv['cached_next']}; "
           f"decided tokens compared {compared} of {ANSWER_TOKENS} each")
-    assert got == conv["cached_next"]
+    assert all(ours >= engine for ours, engine in zip(got, conv["cached_next"])), (got, conv["cached_next"])
     assert got[0] > 0
 
 

@@ -10,6 +10,8 @@ STATE = 68608  # bytes of one GDN state (conv + SSM), per layer
 
 def minimal_bytes(num_tokens: int, local_hit: int) -> int:
     """The floor of one transfer: the attention blocks from D's own hit up to P's `num_tokens`, plus the state
-    D resumes from (upstream's NixlConnector moves exactly this)."""
+    D resumes from (upstream's NixlConnector moves exactly this). Nothing when D holds all of it already."""
+    if local_hit >= num_tokens:
+        return 0
     new_blocks = -(-num_tokens // BS) - local_hit // BS
     return new_blocks * ATTN_LAYERS * PAGE + MAMBA_LAYERS * STATE
