@@ -1,6 +1,7 @@
 """The transfer plan: which blocks decode (D) reads from prefill (P), as a pure function.
 
-Block layout of one request in align mode (block size `bs`; P computed `n = N - 1` prompt tokens, D has a
+Block layout of one request in align mode (block size `bs`; P computed `n` prompt tokens: the last block
+boundary below N, or N - 1 where P does not stop at a boundary, as drawn here; D has a
 local prefix hit of `h` tokens; `0` is vLLM's null placeholder block):
 
     token:            0        bs       2bs      3bs   n
