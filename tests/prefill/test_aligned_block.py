@@ -17,7 +17,7 @@ def test_block_is_reported_once_and_fine_flags_get_no_warning():
 
 
 def test_the_nemotron_super_cliff_and_a_misaligned_checkpoint_interval_are_named():
-    """vLLM #48401: an 8,320-token block under max_model_len 4,096 never produced a hit."""
+    """Nemotron-3-Super upstream: an 8,320-token block under max_model_len 4,096 never produced a hit."""
     notes = AlignedBlockWatch(max_model_len=4096, checkpoint_every=10000).feed(LCM)
     assert "raise --max-model-len to at least 16640" in notes[1]
     assert "--checkpoint-every 10000 is not a multiple of the aligned block (8320): set it to 8320" in notes[2]
