@@ -7,13 +7,13 @@
     │   └── IncompatiblePeer    handshake: other protocol version or KV layout (says what differs)
     ├── PlanError               P's and D's block lists cannot describe the transfer
     └── TransportError          NIXL / ZMQ failed (mapped in transport.py and side_channel.py only)
-        ├── HandshakeError      the peer's side channel did not answer
-        │   ├── PeerGone        nothing listens there: the peer is down (no use asking again)
-        │   └── HandshakeTimeout    it listens but did not answer in time (starved? asked again)
-        └── TransferTimeout     a READ passed its deadline
+        └── HandshakeError      the peer's side channel did not answer
+            ├── PeerGone        nothing listens there: the peer is down (no use asking again)
+            └── HandshakeTimeout    it listens but did not answer in time (starved? asked again)
 
 The worker never lets one of these escape into vLLM for a single request: it logs it and reports the
-request as a failed load (vLLM then recomputes it, `kv_load_failure_policy: recompute`).
+request as a failed load (vLLM then recomputes it, `kv_load_failure_policy: recompute`). A READ that passes its
+deadline raises nothing: worker_side.py polls it, and past the deadline reports the load failed the same way.
 """
 
 from __future__ import annotations
@@ -56,8 +56,4 @@ class PeerGone(HandshakeError):
 
 
 class HandshakeTimeout(HandshakeError):
-    pass
-
-
-class TransferTimeout(TransportError):
     pass

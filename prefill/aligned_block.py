@@ -5,7 +5,8 @@ In align mode vLLM grows the attention block until one attention page holds at l
 block is the granularity of every hybrid prefix hit (attention blocks AND a Mamba checkpoint at the same
 boundary). Users do not choose it and rarely see it, and it bites: a max_model_len below two blocks leaves no
 cacheable prefix at all (Nemotron-3-Super, 8,320-token blocks under max_model_len 4,096, 0 hits in 10,608
-queries: https://github.com/vllm-project/vllm/issues/48401), and a --checkpoint-every that is not a multiple of it keeps no state where hits happen.
+queries: https://github.com/vllm-project/vllm/issues/48401), and a --checkpoint-every that is not a multiple
+of it keeps no state where hits happen.
 
 vLLM logs the block only when it changes it ("Setting attention block size to N tokens", a worker, before the
 KV cache is sized; 0.32+ also "kv lcm block sizes N", the engine core, after). A model whose Mamba page already
@@ -42,11 +43,11 @@ class AlignedBlockWatch:
             m = pattern.search(line)
             if m:
                 self.block = int(m.group(1))
-                return self.messages()
+                return self.messages(self.block)
         return []
 
-    def messages(self) -> list[str]:
-        b = self.block
+    def messages(self, b: int) -> list[str]:
+        """What to print for an aligned block of `b` tokens, given the flags this watch was made with."""
         out = [f"aligned block: {b} tokens (prefix hits and Mamba checkpoints fall on multiples of it)"]
         if self.max_model_len < 2 * b:
             out.append(

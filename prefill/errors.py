@@ -5,6 +5,8 @@ WorkerError
 +-- WorkerStartError   the vLLM child died or never became healthy; carries its last log lines
 """
 
+from collections.abc import Sequence
+
 
 class WorkerError(Exception):
     pass
@@ -17,7 +19,7 @@ class ConfigError(WorkerError):
 
 
 class WorkerStartError(WorkerError):
-    def __init__(self, message: str, last_lines: list[str] = ()):
+    def __init__(self, message: str, last_lines: Sequence[str] = ()):
         self.last_lines = list(last_lines)
         tail = "\n".join(f"  | {line}" for line in self.last_lines)
         super().__init__(message + (f"\nlast lines of the vLLM log:\n{tail}" if tail else ""))

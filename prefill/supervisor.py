@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from types import FrameType
 from typing import IO
 
 from hybrid_pd.prefill.errors import WorkerStartError
@@ -143,7 +144,7 @@ def run_until_signalled(
     if segments is not None:
         tidy(segments, "a previous engine on this port")
 
-    def forward(signum, _frame):
+    def forward(signum: int, _frame: FrameType | None) -> None:
         # The first signal goes to vLLM's API server alone: it drains (--shutdown-timeout), then stops its engine
         # core and workers itself; signalling the whole group stopped the workers under the requests it was
         # draining. A second signal stops the group at once.

@@ -30,6 +30,10 @@ import io
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for annotations only: the launchers import this module, torch loads slowly
+    import torch
 
 CACHE_ROOT = Path(os.environ.get("HYBRID_PD_CACHE", Path.home() / ".cache" / "hybrid-pd"))
 BUILD_VERSION = 5  # bump when the builder's output changes for the same spec
@@ -126,7 +130,7 @@ class Corpus:
         return " " + " ".join(self.words[i] for i in out)
 
 
-def _train(model, tokenizer_dir: Path, spec: TinyModelSpec, batch: int = 8, seq: int = 128) -> None:
+def _train(model: torch.nn.Module, tokenizer_dir: Path, spec: TinyModelSpec, batch: int = 8, seq: int = 128) -> None:
     """A brief next-token training on `Corpus(seed)`: sharp, context-dependent greedy outputs."""
     import torch
     from transformers import AutoTokenizer

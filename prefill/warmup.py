@@ -1,26 +1,20 @@
 """Warm a freshly started worker up before it reports ready.
 
-On a GPU, vLLM compiles Triton kernels the first time it meets a shape: the Mamba/GDN prefill kernels for a
-prompt from scratch, again for a prompt that starts from a cached state (a prefix hit), and per new length
-bucket. On a fresh machine the first such requests took 1.0-1.9 s instead of 70-200 ms (H100, Qwen3-Next
-shapes, deploy/gpu/results/2026-11-23-h100-qwen3next), and every pod start is a fresh machine unless the
-kernel cache is kept on a volume. The launcher therefore sends, once vLLM's /health answers, a few untimed
-requests through vLLM's own API (per warm-up length, a prompt of that length and one 13 tokens longer, each from
-scratch and then extended, which starts from its aligned checkpoint; the prompt of that length once more,
-doubled, so that a long tail is computed from a cached state; then 8 requests at once, half of them extending
-those prompts, half new), and only then writes its ready file, which the Kubernetes readiness probe
-checks. The batch is there because batches of several prompts compile kernels of their own: on two H200s
-(deploy/gpu/results/2026-11-24-h200x2-qwen3next) every set-up, warmed one request at a time, stalled 0.7-1.6 s on
-its first busy moment. Prompts are token ids drawn from a per-start seed, so no client prompt shares them.
-The doubled prompt is there because a 64-token twin does not compile the kernels of a long prefill that starts
-from a state: with the other requests only, the one cold turn left on the first engine of a fresh H100 was 2,832
-tokens after a 5,440-token hit (836 ms; deploy/gpu/results/2026-11-24-h100-qwen3next-r3).
+vLLM compiles on first use: Triton kernels per prompt shape (the Mamba/GDN prefill kernels from scratch, again
+from a cached state, per length bucket, and for batches of several prompts), and torch.compile kernels of its
+sampler (the rank count behind `logprobs`, `batched_count_greater_than`; the random draw behind temperature > 0,
+`compiled_random_sample`; Triton kernels for top-k/top-p). Every pod start is a fresh machine unless the kernel
+cache is kept on a volume, so the launcher sends, once vLLM's /health answers, a few untimed requests through
+vLLM's own API, and only then writes its ready file, which the Kubernetes readiness probe checks:
 
-The requests also vary how they sample (SAMPLERS): vLLM's sampler compiles with torch.compile on first use the
-rank count behind `logprobs` (`batched_count_greater_than`) and the random draw behind temperature > 0
-(`compiled_random_sample`), and JIT-compiles Triton kernels for top-k/top-p. Warmed with greedy requests only,
-the first request of a c=1 benchmark that asked for log-probabilities took 0.86-1.9 s on every set-up where the
-probes before it (greedy) took 0.1-0.3 s (H100, deploy/gpu/results/2026-11-24-h100-qwen3next-r2).
+1. per warm-up length, a prompt of that length and one ODD tokens longer, each from scratch and then extended
+   by EXTEND_TOKENS (which starts from its aligned checkpoint: a prefix hit);
+2. the prompt of that length once more, doubled, so that a long tail is computed from a cached state (a short
+   twin does not compile the kernels of a long prefill that starts from a state);
+3. CONCURRENT requests at once, half of them extending those prompts, half new (batch_sizes).
+
+The requests take turns among SAMPLERS. Prompts are token ids drawn from a per-start seed, so no client prompt
+shares them. What each step saved, measured on H100s and H200s: docs/benchmarks.md ("The warm-up").
 """
 
 from __future__ import annotations

@@ -1,24 +1,25 @@
 """OpenAI-compatible PD routing proxy (`hybrid-pd proxy`): decode-first, cache- and hybrid-aware.
 
 server.py            main(argv): flags/env/file -> ProxyConfig, uvloop, SIGTERM/SIGINT (drain, then exit)
-config.py            the frozen, validated ProxyConfig (config_sections.py: its parts, one per component);
-                     config_sources.py: CLI < env < JSON file
-app.py               routes, the error boundary, serve_in_background(config)
+cli.py               the `hybrid-pd` command (prefill, decode, proxy, demo); demo.py, demo_workload.py: the demo
+config/              the frozen, validated ProxyConfig (sections.py: its parts, one per component);
+                     sources.py: CLI < env < JSON file
+app.py               routes, the error boundary, serve_in_background(config); state.py: what requests share
 http/                HTTP both ways: server.py (uvicorn's httptools protocol, limits, OpenAI-shaped 4xx) and
                      request.py (one request and the way a handler answers it, whole or streamed); client.py (the
                      lean keep-alive HTTP/1.1 client under upstream.py) and response.py (one worker's answer)
 pd_flow.py           one request: tokenize -> decoder -> remote prefill or not -> decode, fallbacks
-openai_api.py        request parsing/type checks; the prefill and decode bodies
+openai_api.py        request parsing/type checks (request_fields.py: the field rules); the prefill and decode bodies
 relay.py / usage.py  copy D's JSON or SSE to the client; the whole-request cached_tokens rule
-upstream.py          calls to workers; aiohttp/asyncio errors -> errors.py at this one boundary
+upstream.py          calls to workers; the HTTP client's and asyncio's errors -> errors.py at this one boundary
 routing/             scorer and picker plugins by name, composed per role by config
 kv/                  events.py: vLLM KV events on the wire; subscriber.py: one ZMQ SUB per worker;
                      index.py: block -> workers per KV-cache group (block_map.py), the workers' slots; fleet_hit.py:
                      the usable hybrid hit of a prompt on every worker in one pass; groups.py: the groups learned;
                      block_hash.py: vLLM's block hashes, reproduced; prompt_keys.py: a prompt's keys, lazily and
                      through a cross-request cache; hash_check.py: the workers' hashing checked from their events
-disagg.py            remote prefill or not (short prompt, decoder already holds it)
-discovery_k8s.py     Kubernetes EndpointSlices, listed then watched (polled when watches fail);
+disagg.py            remote prefill or not (short prompt, decoder already holds it, decoder busy)
+discovery/           k8s.py: Kubernetes EndpointSlices, listed then watched (polled when watches fail);
                      endpointslices.py: slices -> workers (ready, terminating); k8s_api.py: list and watch
-workers.py, health.py, admission.py, metrics.py, background.py, state.py
+workers.py, health.py, engine_load.py, admission.py, timers.py, metrics.py, memory.py, background.py
 """

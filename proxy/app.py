@@ -1,4 +1,4 @@
-"""The proxy's routes, the error boundary, and the background tasks' lifecycle, on http_server.HTTPServer.
+"""The proxy's routes, the error boundary, and the background tasks' lifecycle, on http/server.py's HTTPServer.
 
     async with serve_in_background(config) as proxy: ...     (server.py runs it until a signal; tests in-process)
         await proxy.drain()                                      (SIGTERM: readiness off, serve on, then stop)

@@ -8,8 +8,8 @@
     +-- Overloaded                   429 rate_limit_error: the bounded queue is full or waiting took too long
     +-- NoHealthyWorker              503 service_unavailable: no worker of the needed role is admitted
     +-- ShuttingDown                 503 service_unavailable: the proxy stops (a stream cut at its drain timeout)
-    +-- UpstreamError                a worker did not give a usable answer (mapped from aiohttp/asyncio at
-        |                            the one boundary in upstream.py)
+    +-- UpstreamError                a worker did not give a usable answer (mapped from the HTTP client's
+        |                            errors and asyncio's at the one boundary in upstream.py)
         +-- UpstreamStatus           the worker answered with an HTTP error; 4xx is passed through as is
         +-- UpstreamTimeout          504 a per-stage deadline passed (prefill, decode first byte, total)
         +-- UpstreamUnavailable      502 connection refused/reset, or a response that is not what vLLM sends

@@ -14,7 +14,7 @@ for n in $(seq 17 39); do PLAT+=(--platform "manylinux_2_${n}_x86_64"); done  # 
 # `nixl` is the importable front; it pulls nixl-cu12 too, which image-packages.txt leaves out (cu13 here).
 # Pins the recipe found necessary: xgrammar 0.2.8 fails to load with tvm-ffi 0.1.10; compressed-tensors needs loguru.
 WANT=("vllm==0.26.0" "nixl==1.5.1" "nixl-cu13==1.5.1" "apache-tvm-ffi==0.1.10" "xgrammar==0.2.7" loguru
-      msgspec pyzmq "aiohttp>=3.9" "httptools>=0.6" "uvicorn>=0.30" uvloop prometheus-client psutil)
+      msgspec pyzmq "aiohttp>=3.9" "httptools>=0.6" "uvicorn>=0.53,<0.55" uvloop prometheus-client psutil)
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 # 1. Resolve the whole tree for the target platform without installing anything.
 "$PY" -m pip install -q --dry-run --ignore-installed --target "$work/t" --report "$work/report.json" \
