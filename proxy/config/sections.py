@@ -1,7 +1,8 @@
 """The sections of the proxy's configuration, one frozen dataclass per component that reads it (routing, the KV
-index, the worker pool, timeouts, admission, health checks, Kubernetes discovery, drain). config.py composes them
-into ProxyConfig and validates the whole; this module imports nothing of the proxy, so that every component can
-import its section without importing the others (routing's plugins are what config.py checks names against).
+index, the worker pool, timeouts, admission, health checks, Kubernetes discovery, drain), each field declared with
+the setting that fills it (declare.py). config/__init__.py composes them into ProxyConfig and validates the whole;
+this module imports nothing of the proxy but the declarations and one hash constant, so that every component can
+import its section without importing the others (routing's plugins are what composite.py checks names against).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..kv.block_hash import DEFAULT_NONE_HASH_SEED
+from .declare import above, at_least, boolean, one_of, setting
 
 HashAlgo = Literal["sha256", "sha256_cbor"]
 
@@ -29,12 +31,26 @@ def same_engine(a: str | None, b: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Timeouts:
-    connect_s: float = 5.0
-    prefill_s: float = 120.0  # the whole prefill call (P answers only when its prompt is computed)
-    decode_first_byte_s: float = 120.0  # until D's first response byte (its prefill or KV pull included)
-    total_s: float = 600.0  # the whole request, streaming included
-    tokenize_s: float = 5.0
-    health_s: float = 2.0
+    connect_s: float = setting(5.0, "connect_timeout", "opening a connection to a worker", parse=float, check=above(0))
+    prefill_s: float = setting(
+        120.0,
+        "prefill_timeout",
+        "the whole prefill call (P answers once the prompt is computed)",
+        parse=float,
+        check=above(0),
+    )
+    decode_first_byte_s: float = setting(
+        120.0,
+        "decode_first_byte_timeout",
+        "until D's first response byte (its prefill or KV pull included)",
+        parse=float,
+        check=above(0),
+    )
+    total_s: float = setting(
+        600.0, "total_timeout", "the whole request, streaming included", parse=float, check=above(0)
+    )
+    tokenize_s: float = setting(5.0, "tokenize_timeout", "POST /tokenize on a worker", parse=float, check=above(0))
+    health_s: float = setting(2.0, "health_timeout", "one health check", parse=float, check=above(0))
 
 
 @dataclass(frozen=True)
@@ -52,7 +68,13 @@ class Policy:
 class RoutingConfig:
     decode: Policy = Policy((("least_loaded", 1.0),))
     prefill: Policy = Policy((("least_loaded", 1.0),))
-    session_header: str = "x-session-id"
+    session_header: str = setting(
+        "x-session-id",
+        "session_header",
+        "header naming a session for session_affinity; the OpenAI `user` field is used when it is absent",
+        parse=lambda v: str(v).lower(),
+        check=lambda v: None if v and v.isascii() else "must be a non-empty ASCII header name",
+    )
 
     def uses(self, name: str) -> bool:
         return self.decode.uses(name) or self.prefill.uses(name)
@@ -60,51 +82,145 @@ class RoutingConfig:
 
 @dataclass(frozen=True)
 class KVIndexConfig:
-    hash_algo: HashAlgo = "sha256"  # vLLM's --prefix-caching-hash-algo; non-crypto ones are not reproducible
-    hash_seed: str = DEFAULT_NONE_HASH_SEED  # PYTHONHASHSEED of the workers, when they set one
-    hash_block_size: int = 0  # vLLM's hash_block_size; 0: learn it from the workers' events
-    forward_token_ids: bool = True  # send the tokenized prompt to P and D (completions only)
-    grace_s: float = 60.0  # a removed worker's index is kept this long, for the same worker coming back
+    hash_algo: HashAlgo = setting(
+        "sha256",
+        "kv_hash_algo",
+        "the workers' prefix-caching hash (vLLM's --prefix-caching-hash-algo)",
+        choices=("sha256", "sha256_cbor"),
+        check=one_of(
+            "sha256",
+            "sha256_cbor",
+            why=": only these are reproducible across processes (xxhash uses a random per-process seed)",
+        ),
+    )
+    hash_seed: str = setting(DEFAULT_NONE_HASH_SEED, "kv_hash_seed", "the workers' PYTHONHASHSEED, if they set one")
+    hash_block_size: int = setting(
+        0,
+        "kv_hash_block_size",
+        "vLLM's hash_block_size (0: learn it from the workers' events)",
+        parse=int,
+        check=at_least(0),
+    )
+    forward_token_ids: bool = setting(
+        True, "forward_token_ids", "send the tokenized prompt to the workers (completions)", parse=boolean
+    )
+    grace_s: float = setting(
+        60.0,
+        "kv_index_grace_s",
+        "keep a removed worker's KV index this long, for the same worker coming back (0: it goes at once)",
+        parse=float,
+        check=at_least(0),
+    )
 
 
 @dataclass(frozen=True)
 class DisaggConfig:
-    enabled: bool = True  # False: every request is decode-only
-    min_prompt_tokens: int = 0  # shorter prompts are prefilled on D (needs tokenization to apply)
-    min_prompt_chars: int = 0  # shorter prompts (characters of text) are prefilled on D
-    decoder_hit_ratio: float = 0.8  # D already holds >= this share of the prompt (KV index): prefill on D
-    min_uncached_blocks: float = 1.0  # D lacks fewer aligned blocks than this: prefill on D (0: off)
-    load_aware: bool = True  # the two rules above only when D's prefill costs its streams less than P (disagg.py)
-    remote_overhead_tokens: int = 1024  # the remote path's fixed cost (hop, READ, D's wait) in prefill tokens
+    enabled: bool = setting(True, "disagg", "remote prefill at all (off: every request is decode-only)", parse=boolean)
+    min_prompt_tokens: int = setting(
+        0,
+        "min_prompt_tokens",
+        "prefill shorter prompts on the decoder (needs tokenization)",
+        parse=int,
+        check=at_least(0),
+    )
+    min_prompt_chars: int = setting(
+        0, "min_prompt_chars", "prefill shorter prompts (characters) on the decoder", parse=int, check=at_least(0)
+    )
+    decoder_hit_ratio: float = setting(
+        0.8,
+        "decoder_hit_ratio",
+        "prefill on the decoder when it already holds this share of the prompt",
+        parse=float,
+        check=lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]",
+    )
+    min_uncached_blocks: float = setting(
+        1.0,
+        "min_uncached_blocks",
+        "prefill on the decoder when what it lacks (past its attention + checkpoint "
+        "hit) is under this many aligned blocks (0: off; needs KV events)",
+        parse=float,
+        check=at_least(0),
+    )
+    load_aware: bool = setting(
+        True,
+        "disagg_load_aware",
+        "apply the two rules above only while prefilling on the decoder delays its "
+        "running streams less than a remote prefill would cost (see --remote-overhead-tokens)",
+        parse=boolean,
+    )
+    remote_overhead_tokens: int = setting(
+        1024,
+        "remote_overhead_tokens",
+        "a remote prefill's fixed cost (hop to P, READ, the decoder's wait) in "
+        "tokens of prefill compute (1024: ~30 ms of an H200 at Qwen3-Next shapes)",
+        parse=int,
+        check=at_least(0),
+    )
 
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    max_in_flight: int = 256
-    max_queue: int = 1024
-    queue_timeout_s: float = 30.0
+    max_in_flight: int = setting(256, "max_in_flight", "requests served at once", parse=int, check=at_least(1))
+    max_queue: int = setting(
+        1024, "max_queue", "requests waiting beyond that; more get 429", parse=int, check=at_least(0)
+    )
+    queue_timeout_s: float = setting(
+        30.0, "queue_timeout", "longest wait in the queue before 429, seconds", parse=float, check=above(0)
+    )
 
 
 @dataclass(frozen=True)
 class HealthConfig:
-    interval_s: float = 5.0  # 0 disables active health checks
-    failures_to_eject: int = 2
-    successes_to_readmit: int = 1
-    load_interval_s: float = 1.0  # reads of each worker's own load (engine_load.py); 0: this proxy's count only
+    interval_s: float = setting(
+        5.0, "health_interval", "seconds between active health checks (0: off)", parse=float, check=at_least(0)
+    )
+    failures_to_eject: int = setting(
+        2, "health_failures", "consecutive failures that eject a worker", parse=int, check=at_least(1)
+    )
+    successes_to_readmit: int = setting(
+        1, "health_successes", "consecutive successes that re-admit it", parse=int, check=at_least(1)
+    )
+    load_interval_s: float = setting(
+        1.0,
+        "load_interval",
+        "seconds between reads of each worker's own load from its /metrics (running and "
+        "waiting requests, KV-cache use), so that proxy replicas agree on it (engine_load.py; 0: count only this "
+        "proxy's requests)",
+        parse=float,
+        check=at_least(0),
+    )
 
 
 @dataclass(frozen=True)
 class K8sConfig:
-    api_url: str = ""  # default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
-    namespace: str = "default"
-    prefill_selector: str = "hybrid-pd/role=prefill"
-    decode_selector: str = "hybrid-pd/role=decode"
-    http_port_name: str = "http"
-    events_port_name: str = "kv-events"
-    token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
-    poll_interval_s: float = 10.0  # between lists while the watch fails (the watch itself follows at once)
-    watch_timeout_s: float = 300.0  # a watch is renewed from its resourceVersion after this long
+    api_url: str = setting(
+        "", "k8s_api_url", "Kubernetes API URL (default: in-cluster, https://$KUBERNETES_SERVICE_HOST:$..._PORT)"
+    )
+    namespace: str = setting("default", "k8s_namespace", "namespace")
+    prefill_selector: str = setting(
+        "hybrid-pd/role=prefill", "k8s_prefill_selector", "label selector of prefill Services"
+    )
+    decode_selector: str = setting("hybrid-pd/role=decode", "k8s_decode_selector", "label selector of decode Services")
+    http_port_name: str = setting("http", "k8s_http_port_name", "Endpoints port name of the OpenAI API")
+    events_port_name: str = setting("kv-events", "k8s_events_port_name", "Endpoints port name of the KV events")
+    token_file: str = setting(
+        "/var/run/secrets/kubernetes.io/serviceaccount/token", "k8s_token_file", "service-account token file"
+    )
+    ca_file: str = setting("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "k8s_ca_file", "API server CA file")
+    poll_interval_s: float = setting(
+        10.0,
+        "k8s_poll_interval_s",
+        "seconds between EndpointSlice lists while the watch fails (the watch itself follows at once)",
+        parse=float,
+        check=above(0),
+    )
+    watch_timeout_s: float = setting(
+        300.0,
+        "k8s_watch_timeout_s",
+        "seconds before a watch is renewed from its resourceVersion",
+        parse=float,
+        check=above(0),
+    )
 
 
 @dataclass(frozen=True)
@@ -112,5 +228,17 @@ class DrainConfig:
     """On SIGTERM: /health answers 503 at once; new requests are still served for `delay_s` (while the
     endpoints' removal propagates), then the listener closes and open requests get `timeout_s` to finish."""
 
-    delay_s: float = 5.0
-    timeout_s: float = 60.0
+    delay_s: float = setting(
+        5.0,
+        "drain_delay_s",
+        "after SIGTERM /health answers 503 and new requests are still served this long",
+        parse=float,
+        check=at_least(0),
+    )
+    timeout_s: float = setting(
+        60.0,
+        "drain_timeout_s",
+        "then open requests and streams get this long to finish; the rest are cut",
+        parse=float,
+        check=at_least(0),
+    )
