@@ -3,7 +3,7 @@
     Scorer  score(ctx, workers) -> one float in [0, 1] per worker (1 = best)
     Picker  pick(ctx, workers, scores) -> one worker, given the weighted scores
 
-A policy (config_sections.Policy) is a weighted list of scorers and one picker; router.py composes them. Plugins are
+A policy (config/sections.py: Policy) is a weighted list of scorers and one picker; router.py composes them. Plugins are
 stateless apart from their own bookkeeping (a round-robin cursor), and never see the HTTP request.
 """
 
