@@ -24,7 +24,7 @@ MANAGER = "vllm/v1/core/kv_cache_manager.py"
 WORKERS = ("vllm/v1/worker/kv_connector_model_runner_mixin.py", "vllm/v1/worker/gpu/kv_connector.py")
 # What the glue has for vLLM >= 0.32 only, and why older releases, which never call or import it, are fine.
 SINCE_0_32 = {
-    "get_transfer_results": "they call get_finished; a failed load travels as FailedLoads worker metadata",
+    "get_transfer_results": "they call get_finished; a failed load travels as WorkerReport worker metadata",
     "KVConnectorTransferResults": "imported inside get_transfer_results only",
     "get_loaded_kv_cache_group_ids": "they do not ask (0.32 asks so as not to zero the blocks we load)",
     "supports_divergent_local_hybrid_hits": "they give the connector the hit common to all groups",
@@ -174,7 +174,7 @@ def test_kv_connector_output_has_the_fields_we_read(release):
 
 
 def test_scheduler_updates_the_connector_before_it_resumes_finished_loads(release):
-    # our pre-0.32 failed-load rewind (FailedLoads -> SchedulerSide.rewind_failed_loads) depends on it
+    # our pre-0.32 failed-load rewind (WorkerReport -> SchedulerSide.rewind_failed_loads) depends on it
     fn = methods(vllm_class(source(release), SCHEDULER, "Scheduler")).get("_update_from_kv_xfer_finished")
     nodes = list(ast.walk(fn)) if fn else []
     update = [n.lineno for n in nodes
@@ -188,7 +188,7 @@ def test_scheduler_updates_the_connector_before_it_resumes_finished_loads(releas
 def test_vllms_block_level_load_errors_still_handle_one_kv_cache_group_only(release):
     """Why the connector never reports failed blocks through `get_block_ids_with_load_errors`: vLLM's handler
     unpacks a request's block ids as ONE group, and a hybrid model has several (attention + Mamba), so the
-    engine would die on it. Failed loads go through the per-request channel (>= 0.32) or our FailedLoads rewind
+    engine would die on it. Failed loads go through the per-request channel (>= 0.32) or our WorkerReport rewind
     (older). When vLLM handles several groups there, this fails: use the block-level path then."""
     fn = methods(vllm_class(source(release), SCHEDULER, "Scheduler")).get("_update_requests_with_invalid_blocks")
     single = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Tuple)
