@@ -172,7 +172,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         for new in scheduler_output.scheduled_new_reqs:
             sched.note_blocks(new.req_id, new.block_ids, replace=True)
         for req_id, ids in zip(cached.req_ids, cached.new_block_ids):
-            if ids is not None:
+            if ids is not None:  # a request resumed after preemption gets all its blocks anew
                 sched.note_blocks(req_id, ids, replace=req_id in cached.resumed_req_ids)
         return HybridPDMetadata(
             sched.build_meta(scheduler_output.total_num_scheduled_tokens, scheduler_output.num_scheduled_tokens)
