@@ -71,6 +71,3 @@ def verify(
             f"prefiller's digests (group, local, remote: {bad[:4]}); the load is failed and recomputed"
         )
     return sum(map(len, by_group.values()))
-
-
-

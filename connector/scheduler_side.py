@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 import math
-
-import msgspec
 from collections.abc import Sequence
 from typing import Any, Protocol
+
+import msgspec
 
 from hybrid_pd.connector.errors import ConnectorError
 from hybrid_pd.connector.integrity import digest_targets

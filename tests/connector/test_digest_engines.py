@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tests.support.conversation import assert_same_greedy, complete, greedy_reference, text_of
+from tests.support.conversation import assert_same_greedy, greedy_reference, text_of
 from tests.support.engines import Engines, pd_complete
 from tests.support.procs import metric_sum, scrape_metrics
 
