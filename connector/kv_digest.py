@@ -13,8 +13,10 @@ multiplier per layer. Why it catches what a transfer breaks:
   unless the block was zero already (then nothing changed);
 - two swapped blocks: digests are per block and compared per block id, so a block holding another block's
   bytes mismatches unless both held the same bytes; words swapped inside a block meet other multipliers.
-It is not cryptographic: it guards against accidents (races, stale or misplaced blocks), not against an
-adversary who can write P's memory. One pass over the bytes, plus an int64 product of twice their size.
+Products are exact (a 32-bit word times a 32-bit multiplier fits in int64): an int32 product wrapping mod 2**32
+would be twice as fast but blind to two top-bit flips (each moves its product by 2**31; together by 0 mod
+2**32), e.g. the sign bits of two fp32 values. Not cryptographic: it guards against accidents (races, stale
+or misplaced blocks), not against an adversary who can write P's memory. Cost: tests/bench/kv_digest_bench.py.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ def digest_blocks(tensors: Sequence[torch.Tensor], block_ids: Sequence[int]) -> 
     per_layer = []
     for t in tensors:
         words = _words(t.index_select(0, ids))
-        per_layer.append((words * multipliers(words.shape[1], device)).sum(dim=1))
+        # in place: a second int64 temporary of twice the block's size costs more than the product (page faults)
+        per_layer.append(words.mul_(multipliers(words.shape[1], device)).sum(dim=1))
     layers = torch.stack(per_layer, dim=1)  # (k, layers)
     combined = (layers * multipliers(layers.shape[1] + 1, device)[1:]).sum(dim=1)
     return [int(x) for x in combined.tolist()]

@@ -67,3 +67,14 @@ def test_the_test_hook_flips_one_element_and_the_digest_sees_it():
     flip_first_word(ts, 5)
     after = digest_blocks(ts, range(8))
     assert [i for i in range(8) if after[i] != before[i]] == [5]
+
+
+def test_two_sign_bits_flipped_are_caught():
+    """Two top-bit flips move two words by 2**31 each: a sum of products wrapped mod 2**32 would not move."""
+    ts = layers()
+    before = digest_blocks(ts, range(8))
+    words = ts[0][3].view(torch.int32).view(-1)
+    for i in (0, 17):
+        words[i] ^= -(2**31)
+    after = digest_blocks(ts, range(8))
+    assert [i for i in range(8) if after[i] != before[i]] == [3]
