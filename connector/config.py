@@ -25,8 +25,9 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
                                                                   cores (connector/affinity_guard.py)
                         VLLM_NIXL_SIDE_CHANNEL_HOST    127.0.0.1  where peers reach this engine's side channel
                         VLLM_NIXL_SIDE_CHANNEL_PORT    5600       its port (+ the TP rank)
-                        HYBRID_PD_TEST_CORRUPT_READS   0          tests only: D flips a byte in each landed block
-                                                                  of its first N loads, before it checks them
+                        HYBRID_PD_TEST_CORRUPT_READS   0          tests only: D flips a byte in the first landed
+                                                                  block of each run of its first N loads, before
+                                                                  it checks them
                         HYBRID_PD_TRANSFER_RESULTS     (unset)    `legacy`: vLLM < 0.32's failed-load path
                         VLLM_SSM_CONV_STATE_LAYOUT     (unset)    must be DS for a model with Mamba groups
 
