@@ -185,6 +185,22 @@ def test_scheduler_updates_the_connector_before_it_resumes_finished_loads(releas
         f"connector.update_connector_output (lines {update}) before its finished_recving loop (lines {resume})")
 
 
+def test_the_connector_sees_a_steps_output_after_the_requests_it_finished_and_before_they_leave(release):
+    """P's KV digests (SchedulerSide.on_digests) come in the worker metadata of the step that finished the
+    request, and join the kv_transfer_params dict `request_finished` returned: vLLM must finish requests first,
+    then hand the connector the step's output, and put that same dict (not a copy) into the request's output."""
+    fn = methods(vllm_class(source(release), SCHEDULER, "Scheduler")).get("update_from_output")
+    nodes = list(ast.walk(fn)) if fn else []
+    finish = [n.lineno for n in nodes if isinstance(n, ast.Call) and ast.unparse(n.func) == "self._free_request"]
+    update = [n.lineno for n in nodes
+              if isinstance(n, ast.Call) and ast.unparse(n.func) == "self._update_from_kv_xfer_finished"]
+    passed = [n for n in nodes if isinstance(n, ast.keyword) and n.arg == "kv_transfer_params"
+              and ast.unparse(n.value) == "kv_transfer_params"]
+    assert finish and update and max(finish) < min(update) and passed, (
+        f"vLLM {release}: {SCHEDULER} update_from_output no longer finishes requests (lines {finish}) before it "
+        f"updates the connector (lines {update}), or copies kv_transfer_params: P's digests would miss the params")
+
+
 def test_vllms_block_level_load_errors_still_handle_one_kv_cache_group_only(release):
     """Why the connector never reports failed blocks through `get_block_ids_with_load_errors`: vLLM's handler
     unpacks a request's block ids as ONE group, and a hybrid model has several (attention + Mamba), so the
