@@ -9,6 +9,10 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
     ship_checkpoints    HYBRID_PD_SHIP_CHECKPOINTS     1          ship P's aligned Mamba checkpoint to D
     prefill_to_boundary HYBRID_PD_PREFILL_TO_BOUNDARY  1          P stops at the last block boundary below the
                                                                   prompt's end (one engine step); 0: at N-1
+    kv_digests          HYBRID_PD_KV_DIGESTS           1          KV integrity digests (connector/integrity.py):
+                                                                  P digests every block it ships; D checks this
+                                                                  fraction of the blocks it read (1: all, 0: off,
+                                                                  P computes none; between: a sample)
     nixl_backend        HYBRID_PD_NIXL_BACKEND         UCX        UCX or LIBFABRIC
     progress_thread     HYBRID_PD_NIXL_PROGRESS_THREAD 1          NIXL's own progress thread (0: the engine's
                                                                   steps drive the transfers; CPU launchers)
@@ -21,6 +25,9 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
                                                                   cores (connector/affinity_guard.py)
                         VLLM_NIXL_SIDE_CHANNEL_HOST    127.0.0.1  where peers reach this engine's side channel
                         VLLM_NIXL_SIDE_CHANNEL_PORT    5600       its port (+ the TP rank)
+                        HYBRID_PD_TEST_CORRUPT_READS   0          tests only: D flips a byte in the first landed
+                                                                  block of each run of its first N loads, before
+                                                                  it checks them
                         HYBRID_PD_TRANSFER_RESULTS     (unset)    `legacy`: vLLM < 0.32's failed-load path
                         VLLM_SSM_CONV_STATE_LAYOUT     (unset)    must be DS for a model with Mamba groups
 
@@ -60,6 +67,8 @@ class ConnectorConfig:
     nixl_delay_us: int = 1000
     keep_affinity: bool = False
     prefill_to_boundary: bool = True
+    kv_digests: float = 1.0
+    test_corrupt_reads: int = 0
 
     @classmethod
     def from_sources(cls, extra: Mapping[str, Any], env: Mapping[str, str]) -> ConnectorConfig:
@@ -82,6 +91,8 @@ class ConnectorConfig:
             lease_s=setting("lease_s", "HYBRID_PD_LEASE_S", 120.0, float),
             ship_checkpoints=setting("ship_checkpoints", "HYBRID_PD_SHIP_CHECKPOINTS", True, _flag),
             prefill_to_boundary=setting("prefill_to_boundary", "HYBRID_PD_PREFILL_TO_BOUNDARY", True, _flag),
+            kv_digests=setting("kv_digests", "HYBRID_PD_KV_DIGESTS", 1.0, float),
+            test_corrupt_reads=setting(None, "HYBRID_PD_TEST_CORRUPT_READS", 0, int),
             nixl_backend=nixl_backend(extra, env),  # checked in both roles: a typo fails at start-up
             progress_thread=setting("progress_thread", "HYBRID_PD_NIXL_PROGRESS_THREAD", True, _flag),
             idle_wait_ms=setting("idle_wait_ms", "HYBRID_PD_IDLE_WAIT_MS", 0.0, float),
@@ -93,6 +104,8 @@ class ConnectorConfig:
         for name, value in (("read_timeout_s", config.read_timeout_s), ("lease_s", config.lease_s)):
             if not value > 0:
                 raise ConfigurationError(f"{name}={value}: must be > 0 seconds")
+        if not 0 <= config.kv_digests <= 1:
+            raise ConfigurationError(f"kv_digests={config.kv_digests}: must be a fraction 0-1 (1: every block, 0: off)")
         if config.nixl_delay_us < 0:
             raise ConfigurationError(f"nixl_delay_us={config.nixl_delay_us}: must be >= 0 us")
         if not 0 <= config.idle_wait_ms <= 100:
@@ -104,4 +117,4 @@ def _flag(raw: Any) -> bool:
     return str(raw).lower() not in FALSE_WORDS
 
 
-_WHAT: dict[Callable[[Any], Any], str] = {int: "an integer", float: "a number of seconds", _flag: "a flag"}
+_WHAT: dict[Callable[[Any], Any], str] = {int: "an integer", float: "a number", _flag: "a flag"}

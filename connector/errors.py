@@ -6,6 +6,7 @@
     │   ├── BadTransferParams   kv_transfer_params in a request are malformed
     │   └── IncompatiblePeer    handshake: other protocol version or KV layout (says what differs)
     ├── PlanError               P's and D's block lists cannot describe the transfer
+    ├── DigestMismatch          landed KV blocks differ from the prefiller's digests of them
     └── TransportError          NIXL / ZMQ failed (mapped in transport.py and side_channel.py only)
         └── HandshakeError      the peer's side channel did not answer
             ├── PeerGone        nothing listens there: the peer is down (no use asking again)
@@ -40,6 +41,10 @@ class IncompatiblePeer(ProtocolError):
 
 
 class PlanError(ConnectorError, ValueError):
+    pass
+
+
+class DigestMismatch(ConnectorError):
     pass
 
 

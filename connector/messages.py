@@ -90,6 +90,28 @@ class CheckpointRef(msgspec.Struct, frozen=True):
     tokens: int
 
 
+class GroupDigests(msgspec.Struct, frozen=True):
+    """One KV-cache group's block digests on one TP rank of P: `digests[i]` is block `block_ids[i]`'s."""
+
+    block_ids: list[int]
+    digests: list[int]
+
+
+class BlockDigests(msgspec.Struct, frozen=True):
+    """P's integrity digests of a request's blocks (connector/integrity.py): `ranks[r][g]` for TP rank r,
+    group g, computed with `algorithm` (connector/kv_digest.py) after the step in which the prompt completed."""
+
+    algorithm: str
+    ranks: list[list[GroupDigests]]
+    version: int = PROTOCOL_VERSION
+
+    def of_rank(self, rank: int) -> dict[int, dict[int, int]]:
+        """group -> block id -> digest, for TP rank `rank` (empty if P sent none for it)."""
+        if rank >= len(self.ranks):
+            return {}
+        return {g: dict(zip(gd.block_ids, gd.digests)) for g, gd in enumerate(self.ranks[rank])}
+
+
 class RemotePrefill(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     """The kv_transfer_params P returns (and D receives with the request)."""
 
@@ -105,6 +127,7 @@ class RemotePrefill(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     # prefiller whose side-channel thread is starved on a shared core answered no handshake for tens of
     # seconds (tests/bench/results/burst.md). Empty from a prefiller that has none: D asks its side channel.
     handshakes: list[bytes] = []
+    digests: BlockDigests | None = None  # absent from a prefiller that computes none
     do_remote_prefill: bool = True
     do_remote_decode: bool = False
     hybrid_pd_version: int = PROTOCOL_VERSION
@@ -122,9 +145,16 @@ def parse_remote_prefill(params: dict) -> RemotePrefill:
             f"{PROTOCOL_VERSION}: was the prefiller started with --connector hybrid?"
         )
     try:
-        return msgspec.convert(params, RemotePrefill)
+        remote = msgspec.convert(params, RemotePrefill)
     except msgspec.ValidationError as e:
         raise BadTransferParams(f"malformed kv_transfer_params: {e}") from None
+    digests = remote.digests
+    if digests is not None and digests.version != PROTOCOL_VERSION:
+        raise BadTransferParams(
+            f"KV digests of protocol version {digests.version}, this decoder speaks {PROTOCOL_VERSION}: run the "
+            "same hybrid-pd release on prefill and decode"
+        )
+    return remote
 
 
 class Notification(msgspec.Struct, frozen=True, tag_field="kind"):

@@ -16,8 +16,11 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import msgspec
+
 from hybrid_pd.connector.errors import ConnectorError
-from hybrid_pd.connector.messages import CheckpointRef, RemotePrefill, parse_remote_prefill
+from hybrid_pd.connector.integrity import digest_targets
+from hybrid_pd.connector.messages import BlockDigests, CheckpointRef, GroupDigests, RemotePrefill, parse_remote_prefill
 from hybrid_pd.connector.plan import Checkpoint, GroupSpec, plan_transfer
 from hybrid_pd.connector.step import LoadJob, StepMeta
 
@@ -53,6 +56,7 @@ class SchedulerSide:
         checkpoints: CheckpointStore | None = None,
         ship_checkpoints: bool = True,
         prefill_to_boundary: bool = True,
+        digests: bool = False,
     ):
         self.engine_id, self.host, self.port = engine_id, host, port
         self.groups = list(groups)
@@ -70,6 +74,9 @@ class SchedulerSide:
         self._landing: dict[str, tuple[Any, list[Checkpoint]]] = {}  # D: checkpoints to register on success
         self._loading: dict[str, tuple[Any, int]] = {}  # D: request id -> (request, its local hit) while it loads
         self.handshakes: list[bytes] = []  # P: each TP rank's encoded Handshake (from its worker at start-up)
+        self.digests = digests  # P: have the workers digest each request's blocks (integrity.py)
+        self._prefilling: dict[str, tuple[Any, list[list[int]]]] = {}  # P: request, its block ids so far
+        self._awaiting: dict[str, dict] = {}  # P: kv_transfer_params returned this step, digests to come
 
     @property
     def ship_checkpoints(self) -> bool:
@@ -110,7 +117,28 @@ class SchedulerSide:
         keep = (n - 1) // self.boundary * self.boundary if self.boundary else 0
         request.max_tokens = 1
         params[MARK_TRUNCATED] = True
+        if self.digests:
+            self._prefilling[request.request_id] = (request, [[] for _ in self.groups])
         return keep or n - 1
+
+    def note_blocks(self, request_id: str, block_ids: Sequence[Sequence[int]], replace: bool) -> None:
+        """P: blocks vLLM allocated to a request this step (all of them when `replace`: new or resumed)."""
+        entry = self._prefilling.get(request_id)
+        if entry is not None:
+            lists = entry[1]
+            for g, ids in enumerate(block_ids):
+                lists[g] = list(ids) if replace else lists[g] + list(ids)
+
+    def on_digests(self, by_request: dict[str, dict[int, list[GroupDigests]]], algorithm: str) -> None:
+        """P: the workers' digests (request -> TP rank -> groups), computed in the step whose output finished
+        the request: they join the kv_transfer_params that `request_finished` returned in that same output
+        (vLLM sends them to the client only after the connector saw the step's output)."""
+        for req_id, ranks in by_request.items():
+            params = self._awaiting.pop(req_id, None)
+            if params is not None and sorted(ranks) == list(range(len(ranks))):
+                digests = BlockDigests(algorithm, [ranks[r] for r in range(len(ranks))])
+                params["digests"] = msgspec.to_builtins(digests)
+        self._awaiting.clear()  # digests come in the output that finished the request, or never
 
     def request_finished(
         self, request: Any, block_ids: Sequence[Sequence[int]], finished_ok: bool
@@ -119,6 +147,7 @@ class SchedulerSide:
         if not params:
             return False, None
         self._loading.pop(request.request_id, None)
+        self._prefilling.pop(request.request_id, None)
         if params.get("do_remote_prefill"):  # D: finished (aborted?) before it ever read
             self._reject(request, "finished before the KV was read")
             return False, None
@@ -140,7 +169,9 @@ class SchedulerSide:
             checkpoints=refs,
             handshakes=self.handshakes,
         )
-        return True, rp.to_params()
+        out = rp.to_params()
+        self._awaiting[request.request_id] = out
+        return True, out
 
     def _pin_checkpoints(self, request: Any, num_tokens: int) -> list[CheckpointRef]:
         refs: list[CheckpointRef] = []
@@ -245,9 +276,15 @@ class SchedulerSide:
                 request.num_computed_tokens = hit
 
     # ---- both -------------------------------------------------------------------------------------------
-    def build_meta(self, scheduled_tokens: int = 1) -> StepMeta:
+    def build_meta(self, scheduled_tokens: int = 1, per_request: dict[str, int] | None = None) -> StepMeta:
+        """This step's work for the workers; `per_request`: the tokens vLLM scheduled per request id."""
         meta, self._meta = self._meta, StepMeta()
         meta.idle = scheduled_tokens == 0 and bool(self._loading)
+        self._awaiting.clear()  # a step's params got their digests in its own output, or get none
+        for req_id, n in (per_request or {}).items():
+            entry = self._prefilling.get(req_id)
+            if entry is not None and entry[0].num_computed_tokens + n >= entry[0].num_prompt_tokens:
+                meta.digests[req_id] = digest_targets(entry[1])  # the prompt completes in this step
         return meta
 
     def on_transfer_results(

@@ -25,7 +25,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
 from hybrid_pd.connector.config import ConnectorConfig
 from hybrid_pd.connector.errors import ConfigurationError
-from hybrid_pd.connector.messages import PROTOCOL_VERSION, Handshake, Region, encode
+from hybrid_pd.connector.kv_digest import ALGORITHM, digest_blocks, flip_first_word
+from hybrid_pd.connector.messages import PROTOCOL_VERSION, GroupDigests, Handshake, Region, encode
 from hybrid_pd.connector.plan import GroupSpec
 from hybrid_pd.connector.scheduler_side import SchedulerSide
 from hybrid_pd.connector.step import StepMeta
@@ -49,16 +50,21 @@ class EncodedHandshake(KVConnectorHandshakeMetadata):
         self.payload = payload
 
 
-class FailedLoads(KVConnectorWorkerMetadata):
-    """Worker -> scheduler, vLLM < 0.32: loads that failed although `get_finished` reports them finished
-    (those releases have no per-request failure channel, and their block-level one, invalid_block_ids,
-    assumes a single KV-cache group: a hybrid model's engine would die on it)."""
+class WorkerReport(KVConnectorWorkerMetadata):
+    """Worker -> scheduler with the step's output, aggregated over TP ranks by vLLM.
 
-    def __init__(self, request_ids: set[str]):
-        self.request_ids = set(request_ids)
+    `failed`: vLLM < 0.32, loads that failed although `get_finished` reports them finished (those releases
+    have no per-request failure channel, and their block-level one, invalid_block_ids, assumes a single
+    KV-cache group: a hybrid model's engine would die on it). `digests`: P, request id -> TP rank -> the
+    integrity digests of its blocks, computed after the step in which its prompt completed."""
 
-    def aggregate(self, other: KVConnectorWorkerMetadata) -> FailedLoads:
-        self.request_ids |= getattr(other, "request_ids", set())
+    def __init__(self, failed: set[str], digests: dict[str, dict[int, list[GroupDigests]]]):
+        self.failed, self.digests = set(failed), digests
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> WorkerReport:
+        self.failed |= getattr(other, "failed", set())
+        for req_id, ranks in getattr(other, "digests", {}).items():
+            self.digests.setdefault(req_id, {}).update(ranks)
         return self
 
 
@@ -121,6 +127,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 lease_s=self.config.lease_s,
                 ship_checkpoints=self.config.ship_checkpoints,
                 prefill_to_boundary=self.config.prefill_to_boundary,
+                digests=self.config.kv_digests > 0,
             )
 
     @classmethod
@@ -161,15 +168,25 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         )
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
-        return HybridPDMetadata(_scheduler(self).build_meta(scheduler_output.total_num_scheduled_tokens))
+        sched, cached = _scheduler(self), scheduler_output.scheduled_cached_reqs
+        for new in scheduler_output.scheduled_new_reqs:
+            sched.note_blocks(new.req_id, new.block_ids, replace=True)
+        for req_id, ids in zip(cached.req_ids, cached.new_block_ids):
+            if ids is not None:  # a request resumed after preemption gets all its blocks anew
+                sched.note_blocks(req_id, ids, replace=req_id in cached.resumed_req_ids)
+        return HybridPDMetadata(
+            sched.build_meta(scheduler_output.total_num_scheduled_tokens, scheduler_output.num_scheduled_tokens)
+        )
 
     def update_connector_output(self, connector_output) -> None:
         # vLLM calls this before it acts on finished_recving, so a failed load can still be rewound
         failed = set(getattr(connector_output, "failed_recving", None) or ())
-        legacy = getattr(connector_output, "kv_connector_worker_meta", None)
-        if isinstance(legacy, FailedLoads) and legacy.request_ids:
-            _scheduler(self).rewind_failed_loads(legacy.request_ids)
-            failed |= legacy.request_ids
+        report = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(report, WorkerReport) and report.failed:
+            _scheduler(self).rewind_failed_loads(report.failed)
+            failed |= report.failed
+        if isinstance(report, WorkerReport) and report.digests:
+            _scheduler(self).on_digests(report.digests, ALGORITHM)
         _scheduler(self).on_transfer_results(
             set(connector_output.finished_sending or ()), set(connector_output.finished_recving or ()), failed
         )
@@ -251,12 +268,21 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 for t in by_group.get(run.group, ()):
                     t[run.local_start : run.local_start + run.count].zero_()
 
+        def corrupt_blocks(runs) -> None:  # the test hook HYBRID_PD_TEST_CORRUPT_READS
+            for run in runs:
+                flip_first_word(by_group[run.group], run.local_start)
+
         self.worker = WorkerSide(
             transport,
             local,
             read_timeout_s=self.read_timeout_s,
             idle_wait_s=self.config.idle_wait_ms / 1000,
             clear_blocks=clear_blocks,
+            digest=(lambda g, ids: digest_blocks(by_group.get(g, ()), ids)) if self.config.kv_digests > 0 else None,
+            algorithm=ALGORITHM,
+            verify_fraction=self.config.kv_digests,
+            corrupt_reads=self.config.test_corrupt_reads,
+            corrupt_blocks=corrupt_blocks,
         )
         server = self._server = SideChannelServer(self.host, self.port + tp_rank, encode(local))
         log.info(
@@ -306,9 +332,12 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         return r.finished_sending or None, r.finished_recving or None
 
     def build_connector_worker_meta(self):
-        if not self._failed_loads:
+        digests = {} if self.worker is None else self.worker.take_digests()
+        if not self._failed_loads and not digests:
             return None
-        meta, self._failed_loads = FailedLoads(self._failed_loads), set()
+        rank = 0 if self.worker is None else self.worker.local.tp_rank
+        meta = WorkerReport(self._failed_loads, {req_id: {rank: groups} for req_id, groups in digests.items()})
+        self._failed_loads = set()
         return meta
 
     def get_kv_connector_stats(self):
@@ -319,15 +348,18 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         stats, drained = HybridPDStats(), self.worker.stats
         self.worker.stats = []
         for s in drained:
-            stats.record(s.bytes, s.descriptors, s.seconds, s.failed, s.checkpoints)
+            stats.record(s.bytes, s.descriptors, s.seconds, s.failed, s.checkpoints, s.digest_mismatch)
             log.info(
-                "hybrid-pd load %s: %d B in %d descriptors, %.4f s, failed=%s, checkpoints=%d",
+                "hybrid-pd load %s: %d B in %d descriptors, %.4f s, failed=%s, checkpoints=%d, "
+                "blocks verified=%d, digest mismatch=%s",
                 s.request_id,
                 s.bytes,
                 s.descriptors,
                 s.seconds,
                 s.failed,
                 s.checkpoints,
+                s.blocks_verified,
+                s.digest_mismatch,
             )
         return stats
 

@@ -1,6 +1,7 @@
 """Per-request transfer metrics through vLLM's KV-connector stats and Prometheus (vLLM glue).
 
-Each finished load adds one observation: bytes, descriptors, seconds, failed, checkpoints shipped. They
+Each finished load adds one observation: bytes, descriptors, seconds, failed, checkpoints shipped, and whether
+it failed because landed blocks differed from the prefiller's digests (connector/integrity.py). They
 surface on D's /metrics as `vllm:hybrid_pd_*` and in vLLM's periodic log line (`reduce`).
 """
 
@@ -12,7 +13,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 from vllm.v1.metrics.utils import create_metric_per_engine
 
-KEYS = ("bytes", "descriptors", "seconds", "failed", "checkpoints")
+KEYS = ("bytes", "descriptors", "seconds", "failed", "checkpoints", "digest_mismatch")
 
 
 @dataclasses.dataclass
@@ -21,8 +22,10 @@ class HybridPDStats(KVConnectorStats):
         for key in KEYS:
             self.data.setdefault(key, [])
 
-    def record(self, bytes: int, descriptors: int, seconds: float, failed: bool, checkpoints: int) -> None:
-        for key, value in zip(KEYS, (bytes, descriptors, seconds, int(failed), checkpoints)):
+    def record(
+        self, bytes: int, descriptors: int, seconds: float, failed: bool, checkpoints: int, digest_mismatch: bool
+    ) -> None:
+        for key, value in zip(KEYS, (bytes, descriptors, seconds, int(failed), checkpoints, int(digest_mismatch))):
             self.data[key].append(value)
 
     def reset(self):
@@ -41,6 +44,7 @@ class HybridPDStats(KVConnectorStats):
             "descriptors": sum(self.data["descriptors"]),
             "failed": sum(self.data["failed"]),
             "checkpoints": sum(self.data["checkpoints"]),
+            "digest_mismatch": sum(self.data["digest_mismatch"]),
             "avg_seconds": round(sum(self.data["seconds"]) / n, 4) if n else 0.0,
         }
 
@@ -87,6 +91,10 @@ class HybridPDPromMetrics(KVConnectorPromMetrics):
         self.counters = {
             "failed": counter("vllm:hybrid_pd_failed_transfers", "Loads that failed (request recomputed)."),
             "checkpoints": counter("vllm:hybrid_pd_checkpoints_shipped", "Aligned Mamba checkpoints read."),
+            "digest_mismatch": counter(
+                "vllm:hybrid_pd_digest_mismatches",
+                "Loads whose landed blocks differed from the prefiller's digests (failed, request recomputed).",
+            ),
         }
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0):

@@ -15,9 +15,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from hybrid_pd.connector.errors import ConnectorError, HandshakeTimeout, TransportError
+from hybrid_pd.connector import integrity
+from hybrid_pd.connector.errors import ConnectorError, DigestMismatch, HandshakeTimeout, TransportError
 from hybrid_pd.connector.messages import (
     Done,
+    GroupDigests,
     Handshake,
     Rejected,
     RemotePrefill,
@@ -41,6 +43,8 @@ class TransferStats:
     seconds: float = 0.0
     failed: bool = False
     checkpoints: int = 0
+    digest_mismatch: bool = False
+    blocks_verified: int = 0
 
 
 @dataclasses.dataclass
@@ -78,6 +82,11 @@ class WorkerSide:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         clear_blocks: Callable[[Sequence[Run]], None] | None = None,
+        digest: integrity.DigestFn | None = None,
+        algorithm: str = "",
+        verify_fraction: float = 0.0,
+        corrupt_reads: int = 0,
+        corrupt_blocks: Callable[[Sequence[Run]], None] | None = None,
     ):
         self.transport, self.local = transport, local
         self._clear_blocks = clear_blocks  # zeroes local blocks (vLLM zeroes fresh blocks; a failed READ may
@@ -92,6 +101,12 @@ class WorkerSide:
         self._early: dict[str, float] = {}  # P: notifications that arrived before the lease did
         self.stats: list[TransferStats] = []
         self._idle = False
+        # KV integrity (integrity.py): P digests the blocks of requests whose prompt completed this step; D
+        # checks `verify_fraction` of the blocks each READ landed before it reports the load done
+        self._digest, self.algorithm, self.verify_fraction = digest, algorithm, verify_fraction
+        self._to_digest: dict[str, list[list[int]]] = {}
+        # tests only: flip bytes in the landed blocks of the first `corrupt_reads` loads, before the check
+        self._corrupt_reads, self._corrupt_blocks = corrupt_reads, corrupt_blocks
 
     # ---- D: loads ---------------------------------------------------------------------------------------
     def _peer(self, remote: RemotePrefill) -> _Peer:
@@ -147,7 +162,16 @@ class WorkerSide:
                     pass
         for req_id, lease_s in meta.leases.items():
             self._leases[req_id] = now + lease_s
+        self._to_digest.update(meta.digests)
         self._idle = meta.idle
+
+    def take_digests(self) -> dict[str, list[GroupDigests]]:
+        """P, after the step's forward pass (the KV of its tokens is written; on a GPU the digest kernels queue
+        behind it): the digests of the requests whose prompt completed in this step."""
+        todo, self._to_digest = self._to_digest, {}
+        if self._digest is None:
+            return {}
+        return {req_id: integrity.digest_groups(targets, self._digest) for req_id, targets in todo.items()}
 
     def _advance(self, act: _Active) -> bool:
         """Move one job forward; True when it finished successfully. Raises ConnectorError on failure."""
@@ -168,6 +192,8 @@ class WorkerSide:
         if not self.transport.poll(act.handle):
             return False
         self.transport.release(act.handle)
+        act.handle = None
+        self._check_landed(act)
         _, agent = peer.future.result()
         try:
             self.transport.notify(agent, encode(Done(job.remote.remote_request_id)))
@@ -188,6 +214,22 @@ class WorkerSide:
         act.posted = self._clock()
         act.handle = self.transport.read(agent, descs)
         return True
+
+    def _check_landed(self, act: _Active) -> None:
+        """D: compare the landed blocks with P's digests (raises DigestMismatch: the load fails)."""
+        job, plan = act.job, act.job.plan
+        assert plan is not None, "only a job with a plan lands"
+        if self._corrupt_reads > 0 and self._corrupt_blocks is not None:
+            self._corrupt_reads -= 1
+            log.warning("request %s: test hook HYBRID_PD_TEST_CORRUPT_READS flips bytes it landed", job.request_id)
+            self._corrupt_blocks(plan.runs)
+        expected = job.remote.digests
+        if expected is None or self._digest is None or self.verify_fraction <= 0:
+            return
+        pairs = integrity.pairs_to_verify(plan, self.verify_fraction, job.request_id)
+        checked = integrity.verify(expected, self.algorithm, self.local.tp_rank, pairs, self._digest, job.request_id)
+        if act.stats is not None:
+            act.stats.blocks_verified = checked
 
     def _fail(self, act: _Active, err: Exception, results: Results) -> None:
         job = act.job
@@ -218,6 +260,7 @@ class WorkerSide:
             results.failed_recving.add(job.request_id)
             stats = act.stats or TransferStats(job.request_id)
             stats.failed, stats.seconds = True, self._clock() - act.started
+            stats.digest_mismatch = isinstance(err, DigestMismatch)
             self.stats.append(stats)
 
     def poll(self) -> Results:

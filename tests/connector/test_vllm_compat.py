@@ -24,7 +24,7 @@ MANAGER = "vllm/v1/core/kv_cache_manager.py"
 WORKERS = ("vllm/v1/worker/kv_connector_model_runner_mixin.py", "vllm/v1/worker/gpu/kv_connector.py")
 # What the glue has for vLLM >= 0.32 only, and why older releases, which never call or import it, are fine.
 SINCE_0_32 = {
-    "get_transfer_results": "they call get_finished; a failed load travels as FailedLoads worker metadata",
+    "get_transfer_results": "they call get_finished; a failed load travels as WorkerReport worker metadata",
     "KVConnectorTransferResults": "imported inside get_transfer_results only",
     "get_loaded_kv_cache_group_ids": "they do not ask (0.32 asks so as not to zero the blocks we load)",
     "supports_divergent_local_hybrid_hits": "they give the connector the hit common to all groups",
@@ -174,7 +174,7 @@ def test_kv_connector_output_has_the_fields_we_read(release):
 
 
 def test_scheduler_updates_the_connector_before_it_resumes_finished_loads(release):
-    # our pre-0.32 failed-load rewind (FailedLoads -> SchedulerSide.rewind_failed_loads) depends on it
+    # our pre-0.32 failed-load rewind (WorkerReport -> SchedulerSide.rewind_failed_loads) depends on it
     fn = methods(vllm_class(source(release), SCHEDULER, "Scheduler")).get("_update_from_kv_xfer_finished")
     nodes = list(ast.walk(fn)) if fn else []
     update = [n.lineno for n in nodes
@@ -185,10 +185,26 @@ def test_scheduler_updates_the_connector_before_it_resumes_finished_loads(releas
         f"connector.update_connector_output (lines {update}) before its finished_recving loop (lines {resume})")
 
 
+def test_the_connector_sees_a_steps_output_after_the_requests_it_finished_and_before_they_leave(release):
+    """P's KV digests (SchedulerSide.on_digests) come in the worker metadata of the step that finished the
+    request, and join the kv_transfer_params dict `request_finished` returned: vLLM must finish requests first,
+    then hand the connector the step's output, and put that same dict (not a copy) into the request's output."""
+    fn = methods(vllm_class(source(release), SCHEDULER, "Scheduler")).get("update_from_output")
+    nodes = list(ast.walk(fn)) if fn else []
+    finish = [n.lineno for n in nodes if isinstance(n, ast.Call) and ast.unparse(n.func) == "self._free_request"]
+    update = [n.lineno for n in nodes
+              if isinstance(n, ast.Call) and ast.unparse(n.func) == "self._update_from_kv_xfer_finished"]
+    passed = [n for n in nodes if isinstance(n, ast.keyword) and n.arg == "kv_transfer_params"
+              and ast.unparse(n.value) == "kv_transfer_params"]
+    assert finish and update and max(finish) < min(update) and passed, (
+        f"vLLM {release}: {SCHEDULER} update_from_output no longer finishes requests (lines {finish}) before it "
+        f"updates the connector (lines {update}), or copies kv_transfer_params: P's digests would miss the params")
+
+
 def test_vllms_block_level_load_errors_still_handle_one_kv_cache_group_only(release):
     """Why the connector never reports failed blocks through `get_block_ids_with_load_errors`: vLLM's handler
     unpacks a request's block ids as ONE group, and a hybrid model has several (attention + Mamba), so the
-    engine would die on it. Failed loads go through the per-request channel (>= 0.32) or our FailedLoads rewind
+    engine would die on it. Failed loads go through the per-request channel (>= 0.32) or our WorkerReport rewind
     (older). When vLLM handles several groups there, this fails: use the block-level path then."""
     fn = methods(vllm_class(source(release), SCHEDULER, "Scheduler")).get("_update_requests_with_invalid_blocks")
     single = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Tuple)

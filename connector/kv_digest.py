@@ -1,0 +1,73 @@
+"""The KV integrity digest of a block, computed with torch where the bytes live (GPU or CPU), and the test hook
+that corrupts landed blocks.
+
+A block's digest covers the bytes that move for it: `t[b]` of every layer tensor of its KV-cache group, in the
+group's layer order. Each layer's block is viewed as 32-bit words w_i (bytes, for a block whose size is not a
+multiple of 4), widened to int64 and reduced as sum_i m_i * w_i (mod 2**64, int64 arithmetic wraps), with m_i
+a fixed pseudo-random odd 32-bit multiplier vector (the same seed on P and D, drawn on the CPU and copied to
+the device, so both compute the same function). The layers' sums are then combined with one more odd
+multiplier per layer. Why it catches what a transfer breaks:
+- a flipped bit or byte changes one word by d (0 < |d| < 2**32): the digest moves by m_i * d, which is never
+  0 mod 2**64 since m_i is odd (a product of an odd number and d is divisible by 2**64 only if d is);
+- a zeroed block (a READ that never landed): its digest becomes 0, the original is 0 with chance ~2**-64
+  unless the block was zero already (then nothing changed);
+- two swapped blocks: digests are per block and compared per block id, so a block holding another block's
+  bytes mismatches unless both held the same bytes; words swapped inside a block meet other multipliers.
+Products are exact (a 32-bit word times a 32-bit multiplier fits in int64): an int32 product wrapping mod 2**32
+would be twice as fast but blind to two top-bit flips (each moves its product by 2**31; together by 0 mod
+2**32), e.g. the sign bits of two fp32 values. Not cryptographic: it guards against accidents (races, stale
+or misplaced blocks), not against an adversary who can write P's memory. Cost: tests/bench/kv_digest_bench.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+ALGORITHM = "mulsum-w32-i64-v1"
+_SEED = 0x9E3779B97F4A7C15 & 0x7FFFFFFFFFFFFFFF
+_multipliers: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def multipliers(n: int, device: torch.device) -> torch.Tensor:
+    """The first `n` odd 32-bit multipliers, as int64 on `device` (cached: drawn once per length and device)."""
+    key = (n, str(device))
+    m = _multipliers.get(key)
+    if m is None:
+        gen = torch.Generator(device="cpu").manual_seed(_SEED)
+        m = torch.randint(-(2**31), 2**31, (n,), generator=gen, dtype=torch.int64) | 1
+        m = _multipliers[key] = m.to(device)
+    return m
+
+
+def _words(blocks: torch.Tensor) -> torch.Tensor:
+    """(k, ...) blocks -> (k, words) int64: 32-bit words where the block's bytes allow, else bytes."""
+    raw = blocks.contiguous().view(blocks.shape[0], -1)
+    as_bytes = raw.view(torch.uint8) if raw.element_size() != 1 else raw
+    if as_bytes.shape[1] % 4 == 0:
+        return as_bytes.view(torch.int32).to(torch.int64)
+    return as_bytes.to(torch.int64)
+
+
+def digest_blocks(tensors: Sequence[torch.Tensor], block_ids: Sequence[int]) -> list[int]:
+    """The digest of each block in `block_ids` over `tensors` (one KV-cache group's layers, in a fixed order)."""
+    if not block_ids or not tensors:
+        return [0] * len(block_ids)
+    device = tensors[0].device
+    ids = torch.tensor(list(block_ids), dtype=torch.long, device=device)
+    per_layer = []
+    for t in tensors:
+        words = _words(t.index_select(0, ids))
+        # in place: a second int64 temporary of twice the block's size costs more than the product (page faults)
+        per_layer.append(words.mul_(multipliers(words.shape[1], device)).sum(dim=1))
+    layers = torch.stack(per_layer, dim=1)  # (k, layers)
+    combined = (layers * multipliers(layers.shape[1] + 1, device)[1:]).sum(dim=1)
+    return [int(x) for x in combined.tolist()]
+
+
+def flip_first_word(tensors: Sequence[torch.Tensor], block_id: int) -> None:
+    """Test hook: flip the low byte of the first element of `block_id` in the first layer tensor."""
+    t = tensors[0][block_id]
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    t.view(ints)[(0,) * t.dim()].bitwise_xor_(0xFF)

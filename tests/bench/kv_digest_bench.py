@@ -1,0 +1,92 @@
+"""KV integrity digest cost on this machine's CPU: microseconds per MB for block layouts of the tiny test
+model and of Qwen3-Next-sized pages, next to a plain copy of the same bytes (torch clone).
+
+    bash deploy/dev.sh run python -m tests.bench.kv_digest_bench [--reps 20] [--out DIR]
+
+Each case digests `blocks` blocks of `layers` layer tensors the way the connector does on P (after the
+prompt's last step) and on D (after the READ lands): connector/kv_digest.digest_blocks, one call per KV-cache
+group, best and median of `reps` calls after one warm-up. Writes DIR/results.json and prints a table; the
+reading (which default, what a PD turn costs) is in DIR/summary.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hybrid_pd.connector.kv_digest import digest_blocks
+from tests.support.tiny_layout import ATTN_LAYERS, MAMBA_LAYERS, PAGE, STATE
+
+MB = 1e6
+
+
+def cases() -> dict[str, tuple[list[torch.Tensor], list[int]]]:
+    """name -> (one group's layer tensors, the block ids to digest)."""
+    out = {}
+    # the tiny model (tests/support/tiny_layout.py): fp32 attention pages, GDN states smaller than their page
+    attn = [torch.randn(16, PAGE // 4) for _ in range(ATTN_LAYERS)]
+    out["tiny attention: 2 blocks x 2 layers x 128 KiB"] = (attn, [3, 4])
+    pages = [torch.randn(16, PAGE // 4) for _ in range(MAMBA_LAYERS)]
+    states = [p.as_strided((16, STATE // 4), (PAGE // 4, 1)) for p in pages]
+    out["tiny GDN state: 1 block x 2 layers x 67 KiB"] = (states, [5])
+    # Qwen3-Next-80B-sized pages (bf16): an attention page of ~1.1 MB per layer and block (544 tokens, K+V,
+    # 2 KV heads x 256), a GDN state of ~1 MB per layer; many layers, few blocks per turn
+    big = [torch.randn(8, 544 * 2 * 2 * 256).to(torch.bfloat16) for _ in range(12)]
+    out["Qwen3-Next-sized attention: 4 blocks x 12 layers x 1.1 MB"] = (big, [1, 2, 3, 4])
+    gdn = [torch.randn(4, 2**19).to(torch.bfloat16) for _ in range(36)]
+    out["Qwen3-Next-sized GDN state: 1 block x 36 layers x 1 MB"] = (gdn, [2])
+    return out
+
+
+def nbytes(tensors: list[torch.Tensor], ids: list[int]) -> int:
+    return sum(t[0].numel() * t.element_size() for t in tensors) * len(ids)
+
+
+def timed(fn, reps: int) -> list[float]:
+    fn()
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    rows = []
+    for name, (tensors, ids) in cases().items():
+        size = nbytes(tensors, ids)
+        index = torch.tensor(ids)
+        digest = timed(lambda: digest_blocks(tensors, ids), args.reps)  # noqa: B023
+        copy = timed(lambda: [t.index_select(0, index) for t in tensors], args.reps)  # noqa: B023
+        rows.append({
+            "case": name, "bytes": size,
+            "digest_us_per_mb_best": min(digest) * 1e6 / (size / MB),
+            "digest_us_per_mb_median": statistics.median(digest) * 1e6 / (size / MB),
+            "copy_us_per_mb_best": min(copy) * 1e6 / (size / MB),
+            "digest_ms_median": statistics.median(digest) * 1e3,
+        })
+    meta = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "reps": args.reps}
+    print(json.dumps(meta))
+    print(f"{'case':58} {'MB':>6} {'digest us/MB best':>18} {'median':>8} {'copy us/MB':>11} {'ms/call':>8}")
+    for r in rows:
+        print(f"{r['case']:58} {r['bytes'] / MB:6.2f} {r['digest_us_per_mb_best']:18.0f} "
+              f"{r['digest_us_per_mb_median']:8.0f} {r['copy_us_per_mb_best']:11.0f} {r['digest_ms_median']:8.2f}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

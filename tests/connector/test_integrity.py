@@ -1,0 +1,161 @@
+"""KV integrity end to end without vLLM: P's scheduler asks its worker for digests in the step a prompt
+completes, they join the kv_transfer_params, D checks the blocks it landed and fails a load that differs."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from hybrid_pd.connector import integrity
+from hybrid_pd.connector.errors import BadTransferParams, DigestMismatch
+from hybrid_pd.connector.kv_digest import ALGORITHM, digest_blocks, flip_first_word
+from hybrid_pd.connector.messages import (
+    PROTOCOL_VERSION,
+    BlockDigests,
+    GroupDigests,
+    Handshake,
+    Region,
+    RemotePrefill,
+    parse_remote_prefill,
+)
+from hybrid_pd.connector.plan import GroupSpec, Run, TransferPlan
+from hybrid_pd.connector.scheduler_side import SchedulerSide
+from hybrid_pd.connector.step import LoadJob, StepMeta
+from hybrid_pd.connector.transport import InMemoryTransport
+from hybrid_pd.connector.worker_side import WorkerSide
+
+GROUPS = [GroupSpec("mamba", 4), GroupSpec("attention", 4)]
+PAGE, STATE, NBLOCKS = 64, 40, 16
+PLAN = TransferPlan((Run(1, 2, 5, 2), Run(0, 7, 3)), 8)
+
+
+def test_targets_skip_placeholders_and_repeats():
+    assert integrity.digest_targets([[0, 0, 3, 0], [5, 6, 6]]) == [[3], [5, 6]]
+
+
+def test_all_blocks_or_a_sample_that_a_rerun_repeats():
+    plan = TransferPlan((Run(1, 10, 20, 8), Run(0, 7, 3)), 8)
+    everything = integrity.pairs_to_verify(plan, 1.0, "r")
+    assert len(everything) == 9 and (0, 7, 3) in everything
+    assert integrity.pairs_to_verify(plan, 0.0, "r") == []
+    sample = integrity.pairs_to_verify(plan, 0.25, "r")
+    assert len(sample) == 3 and set(sample) <= set(everything)
+    assert sample == integrity.pairs_to_verify(plan, 0.25, "r")
+    assert len(integrity.pairs_to_verify(plan, 0.01, "r")) == 1  # never none while on
+    assert {tuple(integrity.pairs_to_verify(plan, 0.25, f"r{i}")) for i in range(20)} != {tuple(sample)}
+
+
+def test_verify_names_the_blocks_that_differ_and_ignores_blocks_without_a_digest():
+    expected = BlockDigests(ALGORITHM, [[GroupDigests([3], [111]), GroupDigests([5, 6], [222, 333])]])
+    landed = {(0, 7): 111, (1, 2): 222, (1, 3): 999}
+    digest = lambda g, ids: [landed[(g, b)] for b in ids]  # noqa: E731
+    pairs = [(1, 2, 5), (1, 3, 6), (0, 7, 3)]
+    with pytest.raises(DigestMismatch, match=r"1 of 3 checked blocks differ.*\(1, 3, 6\)"):
+        integrity.verify(expected, ALGORITHM, 0, pairs, digest, "r1")
+    assert integrity.verify(expected, ALGORITHM, 0, [(1, 2, 5), (0, 7, 3), (1, 9, 9)], digest, "r1") == 2
+    assert integrity.verify(expected, ALGORITHM, 1, pairs, digest, "r1") == 0  # P sent none for rank 1
+    with pytest.raises(DigestMismatch, match="other-v9"):
+        integrity.verify(BlockDigests("other-v9", expected.ranks), ALGORITHM, 0, pairs, digest, "r1")
+
+
+def test_digests_of_another_protocol_version_are_refused():
+    params = RemotePrefill("P", "p", "h", 7, [[0]], 8, 9, digests=BlockDigests(ALGORITHM, [])).to_params()
+    assert parse_remote_prefill(params).digests == BlockDigests(ALGORITHM, [])
+    params["digests"]["version"] = PROTOCOL_VERSION + 1
+    with pytest.raises(BadTransferParams, match="KV digests of protocol version"):
+        parse_remote_prefill(params)
+
+
+def request(n_prompt: int, req_id: str = "r1") -> SimpleNamespace:
+    tokens = list(range(n_prompt))
+    return SimpleNamespace(request_id=req_id, kv_transfer_params={"do_remote_decode": True},
+                           prompt_token_ids=tokens, _all_token_ids=list(tokens), num_prompt_tokens=n_prompt,
+                           max_tokens=16, num_computed_tokens=0)
+
+
+def test_the_prefiller_asks_for_digests_in_the_step_the_prompt_completes_and_ships_them():
+    p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, digests=True)
+    req = request(13)
+    assert p.on_new_request(req) == 12
+    req.num_prompt_tokens = 12
+    p.note_blocks("r1", ([0, 3], [5, 6]), replace=True)
+    assert p.build_meta(8, {"r1": 8}).digests == {}  # a chunk: the prompt is not complete yet
+    req.num_computed_tokens = 8
+    p.note_blocks("r1", ([0], [9]), replace=False)
+    assert p.build_meta(4, {"r1": 4}).digests == {"r1": [[3], [5, 6, 9]]}
+    req.num_computed_tokens = 12
+    _, params = p.request_finished(req, ([0, 0, 3], [5, 6, 9]), finished_ok=True)
+    groups = [GroupDigests([3], [-7]), GroupDigests([5, 6, 9], [1, 2, 3])]
+    p.on_digests({"r1": {0: groups}}, ALGORITHM)
+    remote = parse_remote_prefill(json.loads(json.dumps(params)))  # through the HTTP response and back
+    assert remote.digests == BlockDigests(ALGORITHM, [groups])
+    off = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS)
+    req = request(13)
+    off.on_new_request(req)
+    off.note_blocks("r1", ([0, 3], [5, 6]), replace=True)
+    assert off.build_meta(12, {"r1": 12}).digests == {}
+
+
+def test_digests_that_come_with_a_later_output_are_not_attached():
+    p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, digests=True)
+    req = request(9)
+    p.on_new_request(req)
+    req.num_computed_tokens = 8
+    _, params = p.request_finished(req, ([3], [5, 6]), finished_ok=True)
+    p.build_meta(1, {})  # the next step: the params already left with the request's output
+    p.on_digests({"r1": {0: [GroupDigests([3], [1]), GroupDigests([5, 6], [2, 3])]}}, ALGORITHM)
+    assert params["digests"] is None
+
+
+def worker(buf: np.ndarray, engine: str, **kw) -> tuple[WorkerSide, list[torch.Tensor]]:
+    t = InMemoryTransport(f"{engine}-digest")
+    whole = torch.from_numpy(buf)
+    layers = [whole.as_strided((NBLOCKS, STATE), (PAGE, 1)), whole[NBLOCKS * PAGE :].view(NBLOCKS, PAGE)]
+    regions = [Region("m", 0, buf.ctypes.data, PAGE, STATE, NBLOCKS),
+               Region("a", 1, buf.ctypes.data + NBLOCKS * PAGE, PAGE, PAGE, NBLOCKS)]
+    hs = Handshake(PROTOCOL_VERSION, engine, 0, t.name, t.metadata(), ["mamba", "attention"], [4, 4], regions)
+    digest = lambda g, ids: digest_blocks([layers[g]], ids)  # noqa: E731
+    return WorkerSide(t, hs, digest=digest, algorithm=ALGORITHM, **kw), layers
+
+
+def load(corrupt_reads: int, verify_fraction: float = 1.0):
+    src = np.random.default_rng(1).integers(0, 255, 2 * NBLOCKS * PAGE, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    p, _ = worker(src, "P")
+    cleared = []
+    d, d_layers = worker(dst, "D", fetch=lambda host, port, timeout: b"", verify_fraction=verify_fraction,
+                         corrupt_reads=corrupt_reads, clear_blocks=cleared.extend,
+                         corrupt_blocks=lambda runs: [flip_first_word([d_layers[r.group]], r.local_start)
+                                                      for r in runs])
+    p.start(StepMeta(digests={"p-r1": [[3], [5, 6]]}))
+    shipped = p.take_digests()["p-r1"]
+    assert p.take_digests() == {}  # once
+    from hybrid_pd.connector.messages import encode
+
+    remote = RemotePrefill("P", "p-r1", "h", 7, [[0, 3], [5, 6]], 8, 9, handshakes=[encode(p.local)],
+                           digests=BlockDigests(ALGORITHM, [shipped]))
+    d.start(StepMeta(loads=[LoadJob("r1", remote, PLAN)]))
+    for _ in range(50):
+        res = d.poll()
+        if res.finished_recving:
+            return res, d.stats[0], cleared
+    raise AssertionError("the load never finished")
+
+
+def test_landed_blocks_that_match_pass_and_are_counted():
+    res, stats, cleared = load(corrupt_reads=0)
+    assert res.finished_recving == {"r1"} and not res.failed_recving
+    assert stats.blocks_verified == 3 and not stats.digest_mismatch and not cleared
+
+
+def test_a_byte_flipped_in_flight_fails_the_load_zeroes_its_blocks_and_is_counted():
+    res, stats, cleared = load(corrupt_reads=1)
+    assert res.failed_recving == {"r1"} and res.finished_recving == {"r1"}
+    assert stats.failed and stats.digest_mismatch and cleared == list(PLAN.runs)
+
+
+def test_with_verification_off_a_flipped_byte_goes_through():
+    res, stats, _ = load(corrupt_reads=1, verify_fraction=0.0)
+    assert not res.failed_recving and stats.blocks_verified == 0

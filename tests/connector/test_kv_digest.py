@@ -1,0 +1,80 @@
+"""The torch block digest (connector/kv_digest.py): what a transfer can break, it notices."""
+
+import torch
+
+from hybrid_pd.connector.kv_digest import digest_blocks, flip_first_word
+
+
+def layers(seed: int = 0, blocks: int = 8) -> list[torch.Tensor]:
+    """One group's layers as vLLM lays them out: bf16 attention pages and a Mamba state smaller than its page."""
+    gen = torch.Generator().manual_seed(seed)
+    attn = torch.randn(blocks, 2, 16, 8, generator=gen).to(torch.bfloat16)
+    page = torch.randn(blocks, 40, generator=gen)
+    state = page.as_strided((blocks, 3, 5), (40, 5, 1))  # 15 of the page's 40 floats move
+    return [attn, state, torch.randint(0, 255, (blocks, 7), generator=gen, dtype=torch.uint8)]  # 7 B: not words
+
+
+def test_identical_bytes_give_identical_digests_across_calls_and_copies():
+    a = digest_blocks(layers(), range(8))
+    assert a == digest_blocks(layers(), range(8)) == digest_blocks([t.clone() for t in layers()], range(8))
+    assert digest_blocks(layers(), [5, 2]) == [a[5], a[2]]
+    assert len(set(a)) == 8  # different blocks, different digests
+
+
+def test_a_flipped_byte_in_any_layer_changes_only_that_blocks_digest():
+    before = digest_blocks(layers(), range(8))
+    for k in range(3):
+        ts = layers()
+        flat = ts[k][3].view(torch.uint8) if k != 1 else ts[1][3]
+        if k == 1:  # the strided Mamba state: one element of the part that moves
+            flat[2, 4] = flat[2, 4] + 1
+        else:
+            flat.view(-1)[5] ^= 0x10
+        after = digest_blocks(ts, range(8))
+        assert [i for i in range(8) if after[i] != before[i]] == [3], k
+
+
+def test_a_byte_outside_the_moved_part_of_a_page_is_ignored():
+    ts = layers()
+    before = digest_blocks(ts, [3])
+    ts[1].as_strided((8, 40), (40, 1))[3, 39] += 1.0  # the page's tail, beyond the 15 floats that move
+    assert digest_blocks(ts, [3]) == before
+
+
+def test_a_zeroed_block_and_two_swapped_blocks_are_caught():
+    ts, before = layers(), digest_blocks(layers(), range(8))
+    ts[0][4].zero_()
+    assert digest_blocks(ts, [4]) != [before[4]]
+    ts = layers()
+    for t in ts:
+        t[[1, 6]] = t[[6, 1]].clone()
+    after = digest_blocks(ts, range(8))
+    assert after[1] == before[6] and after[6] == before[1]  # the bytes moved, their digests with them
+    assert after[1] != before[1] and after[6] != before[6]  # so D, comparing per block id, sees both
+
+
+def test_words_swapped_inside_a_block_are_caught():
+    ts = layers()
+    before = digest_blocks(ts, [2])
+    w = ts[0][2].view(torch.int32).view(-1)
+    w[[0, 1]] = w[[1, 0]].clone()
+    assert digest_blocks(ts, [2]) != before
+
+
+def test_the_test_hook_flips_one_element_and_the_digest_sees_it():
+    ts = layers()
+    before = digest_blocks(ts, range(8))
+    flip_first_word(ts, 5)
+    after = digest_blocks(ts, range(8))
+    assert [i for i in range(8) if after[i] != before[i]] == [5]
+
+
+def test_two_sign_bits_flipped_are_caught():
+    """Two top-bit flips move two words by 2**31 each: a sum of products wrapped mod 2**32 would not move."""
+    ts = layers()
+    before = digest_blocks(ts, range(8))
+    words = ts[0][3].view(torch.int32).view(-1)
+    for i in (0, 17):
+        words[i] ^= -(2**31)
+    after = digest_blocks(ts, range(8))
+    assert [i for i in range(8) if after[i] != before[i]] == [3]
