@@ -7,16 +7,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 import zmq.asyncio
 
-from .engine_load import load_loop
-from .health import health_loop
+from .engine_load import read_once
+from .health import check_once
 from .kv.subscriber import subscribe
 from .state import ProxyState
 from .workers import Worker
 
 log = logging.getLogger("hybrid_pd.proxy")
+
+
+async def every(interval_s: float, round_: Callable[[ProxyState], Awaitable[None]], state: ProxyState) -> None:
+    """Run `round_` every `interval_s` seconds until cancelled; a failed round is logged, the loop goes on."""
+    while True:
+        try:
+            await round_(state)
+        except Exception:  # a background loop must not die: log and try again next round
+            log.exception("background round %s failed", round_.__qualname__)
+        await asyncio.sleep(interval_s)
 
 
 class Background:
@@ -33,9 +44,10 @@ class Background:
             self._added(w)
         s.pool.on_change(self._changed)
         if s.config.health.interval_s > 0:
-            self.tasks.append(asyncio.create_task(health_loop(s), name="health"))
+            self.tasks.append(asyncio.create_task(every(s.config.health.interval_s, check_once, s), name="health"))
         if s.config.health.load_interval_s > 0:
-            self.tasks.append(asyncio.create_task(load_loop(s), name="engine-load"))
+            load = every(s.config.health.load_interval_s, read_once, s)
+            self.tasks.append(asyncio.create_task(load, name="engine-load"))
         if s.config.discovery == "k8s":
             from .discovery.k8s import discovery_loop
 

@@ -62,13 +62,3 @@ async def read_once(state: ProxyState) -> None:
     for w, before, text in zip(workers, sent, texts):
         w.engine = parse(text) if text else None
         w.sent_since_read = max(0, w.sent_since_read - before)
-
-
-async def load_loop(state: ProxyState) -> None:
-    interval = state.config.health.load_interval_s
-    while True:
-        try:
-            await read_once(state)
-        except Exception:  # a background loop must not die: log and try again next round
-            log.exception("reading the workers' load failed")
-        await asyncio.sleep(interval)

@@ -33,13 +33,3 @@ def record(state: ProxyState, w: Worker, ok: bool) -> None:
         if w.healthy and w.failures >= cfg.failures_to_eject:
             state.pool.eject(w, f"{w.failures} failed health checks")
     state.metrics.worker_healthy.labels(w.role, w.url).set(1 if w.healthy else 0)
-
-
-async def health_loop(state: ProxyState) -> None:
-    interval = state.config.health.interval_s
-    while True:
-        try:
-            await check_once(state)
-        except Exception:  # a background loop must not die: log and try again next round
-            log.exception("health check round failed")
-        await asyncio.sleep(interval)
