@@ -87,7 +87,7 @@ def test_pd_output_equals_one_engine_and_depends_on_what_moved(family):
     urls = family["engines"].up("p", "d")
     before = d_metrics(urls["d"])
     _, d_resp = pd_complete(urls["p"], urls["d"], family["prompt"], logprobs=1)
-    compared = assert_same_greedy(family["pd"], d_resp)
+    compared = assert_same_greedy(family["pd"], d_resp, f"{family['name']}: PD")
     moved = delta(before, d_metrics(urls["d"]))
     assert moved["hybrid_pd_bytes_transferred_count"] == 1 and moved["hybrid_pd_failed_transfers_total"] == 0
     # negative control: for a prompt D holds nothing of, D reads the blocks P computed for another prompt of the
@@ -120,7 +120,7 @@ def test_next_turn_straight_to_decoder_hits_the_boundary_p_computed_and_answers_
     assert n % family["block"] == 0 and p_resp["kv_transfer_params"]["checkpoints"] == []
     assert delta(before, d_metrics(urls["d"])).get("hybrid_pd_checkpoints_shipped_total", 0) == 0
     resp = complete(urls["d"], family["next"], ANSWER_TOKENS, logprobs=2)
-    compared = assert_same_greedy(family["next_answer"], resp)
+    compared = assert_same_greedy(family["next_answer"], resp, f"{family['name']}: decoder-alone turn")
     print(f"\n{family['name']}: block {family['block']}, D resumes at {boundary}; next turn on D: {cached(resp)} "
           f"cached (one engine: {family['next_cached']}), {compared} of {ANSWER_TOKENS} decided tokens equal")
     assert cached(resp) >= boundary and cached(resp) >= family["next_cached"]

@@ -203,7 +203,7 @@ def test_a_prefiller_killed_mid_transfer_rejoins_with_its_own_command(cluster):
     assert took < DEADLINE_S  # no request outlives the deadline (usually 2-6 s: a dead peer fails at once)
     # this READ failed (and maybe those of storm requests that P was feeding when it died)
     assert delta(d_at, d_metrics(c.urls["d"]))["hybrid_pd_failed_transfers_total"] >= 1
-    assert_same_greedy(greedy_reference(c.urls["d"], prompt), d_resp)  # D's own answer, as if alone
+    assert_same_greedy(greedy_reference(c.urls["d"], prompt), d_resp, "chaos: D after a failed load")  # D alone
 
     restart(c, "p", "again")  # the same command (the proxy still holds the KV-event port it bound)
     c.procs["p"].wait_healthy(300)

@@ -73,7 +73,7 @@ def test_pd_greedy_output_equals_one_engine(engines, n_words):
     before = transferred_bytes(engines["d"].url)
     p_resp, d_resp = pd_complete(engines["p"].url, engines["d"].url, prompt, logprobs=1)
     assert p_resp["kv_transfer_params"]["remote_block_ids"]
-    assert_same_greedy(expected, d_resp)
+    assert_same_greedy(expected, d_resp, "upstream NixlConnector: PD")
     assert transferred_bytes(engines["d"].url) > before  # D really pulled P's KV (no silent recompute)
 
 
