@@ -77,8 +77,11 @@ def test_every_load_succeeds_on_a_shared_busy_core_and_p_frees_its_blocks(shared
     assert metric_sum(m, "vllm:hybrid_pd_xfer_time_seconds_count") == 8  # every turn's KV came from P
     log = d.log_path.read_text()
     assert "no handshake" not in log and log.count("failed=False") == 8
-    while metric_sum(scrape_metrics(p.url), "vllm:kv_cache_usage_perc") > 0:  # D told P Done: P frees its blocks
-        assert time.monotonic() - done < 1.0, "P still holds blocks a second after the last answer"
+    # D told P Done: P frees its blocks. On a core shared with a spinner P's next step can wait a second or more
+    # (1.008 s seen once), so the bound is what tells Done from the lease: far under the 120 s lease P would
+    # otherwise hold them for
+    while metric_sum(scrape_metrics(p.url), "vllm:kv_cache_usage_perc") > 0:
+        assert time.monotonic() - done < 10.0, "P still holds blocks 10 s after the last answer (lease: 120 s)"
         time.sleep(0.05)
 
 
