@@ -117,6 +117,29 @@ def derived(p: dict, p_stage, xfer, eng: dict) -> dict:
             "d_wait_ms": ms(d_queue - (xfer or 0.0)) if d_queue is not None else None}
 
 
+def pd_tax(phases: dict, setup: str) -> float | None:
+    """The PD tax (median over the probe's PD turns, ms): TTFT - (P's scheduled-to-first-token + READ + D's first
+    step) - one engine's own HTTP path on the same turn (the colocated engine's TTFT - its scheduled-to-first-token)."""
+    http = {(r["phase"], r["turn"]): r["ttft_ms"] - r["d_prefill_ms"] for r in phases.get("colocated", [])
+            if r["ttft_ms"] is not None and r["d_prefill_ms"] is not None}
+    tax = [r["ttft_ms"] - r["p_prefill_ms"] - (r["xfer_ms"] or 0.0) - r["d_prefill_ms"] - http[(r["phase"], r["turn"])]
+           for r in phases.get(setup, []) if r["p_prefill_ms"] is not None and r["d_prefill_ms"] is not None
+           and (r["phase"], r["turn"]) in http]
+    return round(statistics.median(tax), 1) if tax else None
+
+
+def prefill_vs_upstream(folder: Path, setup: str) -> float | None:
+    """prefill_probe.py's parts under folder/probe: the paired median of `setup`'s P prefill over upstream's on
+    the same prompts (P legs only, the first prompt of each kind left out: it may meet a cold path)."""
+    files = {f.stem.removeprefix("prefill-"): f for f in (folder / "probe").glob("prefill-*.json")}
+    if setup not in files or "upstream" not in files:
+        return None
+    rows = {s: {r["label"]: r for r in json.loads(files[s].read_text())["rows"]} for s in (setup, "upstream")}
+    pairs = [rows[setup][k]["prefill_ms"] / r["prefill_ms"] for k, r in rows["upstream"].items()
+             if r["p_leg"] and not k.endswith("#0") and k in rows[setup] and r["prefill_ms"]]
+    return round(statistics.median(pairs), 3) if pairs else None
+
+
 def merge(folder: Path, headline: int) -> dict:
     parts = {}
     for path in sorted(folder.glob("part-*.json*")):  # committed parts are gzipped (part-*.json.gz)
@@ -179,13 +202,18 @@ def merge(folder: Path, headline: int) -> dict:
         "equal_to_upstream_c1": equal.get(ours + " vs upstream, c=1"),
         "equal_to_colocated_up_to_ties": equal.get(ours + " up to near-ties"),
     }
+    phases = {n: [phase_row(p, "toy" if n.startswith("upstream") else "engine") for p in part["probe"]]
+              for n, part in parts.items()}
+    ratios["pd_overhead_ms_c1"] = pd_tax(phases, ours)
+    ratios["pd_overhead_ms_c1_upstream"] = pd_tax(phases, "upstream")
+    ratios["prefill_vs_upstream_prefill"] = prefill_vs_upstream(folder, "hybrid")
+    ratios["prefill_vs_upstream_prefill_same_work"] = prefill_vs_upstream(folder, "hybrid-full")
     return {"ratios": ratios, "ratio_basis": {"headline_length": headline, "throughput_concurrency": top,
                                               "dlocal_turns": len(dlocal), "transfers_compared": len(xfer_ratio)},
             "equal_to_colocated": equal,
             "tables": [dict(workload=k[0], length=k[1], concurrency=k[2], setup=k[3], **v)
                        for k, v in sorted(tables.items())],
-            "phases": {n: [phase_row(p, "toy" if n.startswith("upstream") else "engine") for p in part["probe"]]
-                       for n, part in parts.items()},
+            "phases": phases,
             "device_copy": {n: p.get("device_copy", []) for n, p in parts.items()},
             "decode_alone": {n: p.get("decode_alone", []) for n, p in parts.items() if p.get("decode_alone")},
             "start_s": {n: p.get("start_s") for n, p in parts.items()},

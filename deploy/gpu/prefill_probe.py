@@ -98,7 +98,7 @@ def summarize_traces(folder: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--setup", required=True, choices=["none", "upstream", "hybrid", "hybrid-noship"])
+    ap.add_argument("--setup", required=True, choices=["none", "upstream", "hybrid", "hybrid-noship", "hybrid-full"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=7)
@@ -124,6 +124,8 @@ def main() -> int:
     connector = {"none": "none", "upstream": "upstream"}.get(args.setup, "hybrid")
     if args.setup == "hybrid-noship":
         engines.env["HYBRID_PD_SHIP_CHECKPOINTS"] = "0"
+    if args.setup == "hybrid-full":  # P computes N-1 tokens (before P stopped at the last boundary below N)
+        engines.env["HYBRID_PD_PREFILL_TO_BOUNDARY"] = "0"
     result: dict = {"setup": args.setup, "args": {k: str(v) for k, v in vars(args).items()}, "rows": [],
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     part = args.out / f"prefill-{args.setup}.json"
