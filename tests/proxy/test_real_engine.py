@@ -2,8 +2,8 @@
 the proxy's hashes of the tokenized prompt, applied to the engine's events, predict exactly the prefix hit the
 engine then reports for the same prompt.
 
-Opt-in (one engine costs ~40 s and 2-3 GB): runs with `-m engines` or HYBRID_PD_PROXY_ENGINES=1, so the
-default proxy suite stays fast.
+Marked `engines` (one engine costs ~40 s and 2-3 GB): it runs in the engine lane of `deploy/dev.sh test` (CI
+runs both lanes), not in the fast one.
 """
 
 from __future__ import annotations
