@@ -25,12 +25,14 @@ from .fleetsim_policies import POLICIES
 from .fleetsim_trace import AgenticParams, agentic, bench_sessions, dump, load
 
 GPU = Path("deploy/gpu/results")
-# The runs validated against, and how the proxy decided there (the load-aware rule landed between them).
-VALIDATION = {
-    "2026-11-24-h200x2-qwen3next": DisaggConfig(load_aware=False),
-    "2026-11-24-h200x2-nemotronh": DisaggConfig(load_aware=False),
-    "2026-11-24-h100-qwen3next-r2": DisaggConfig(),
-    "2026-11-24-h100-qwen3next-r4": DisaggConfig(),
+# The runs validated against: how the proxy decided there (the load-aware rule landed between them), and whether
+# P stopped at the block boundary (True) or computed N-1 tokens.
+VALIDATION: dict[str, tuple[DisaggConfig, bool]] = {
+    "2026-11-24-h200x2-qwen3next": (DisaggConfig(load_aware=False), False),
+    "2026-11-24-h200x2-nemotronh": (DisaggConfig(load_aware=False), False),
+    "2026-11-24-h100-qwen3next-r2": (DisaggConfig(), False),
+    "2026-11-24-h100-qwen3next-r4": (DisaggConfig(), False),
+    "2026-11-25-h100-qwen3next-boundary": (DisaggConfig(), True),
 }
 FLEET_COST = "2026-11-24-h200x2-qwen3next"  # P and D on GPUs of their own, as in a fleet
 
@@ -57,15 +59,15 @@ def hybrid_part(folder: Path) -> Path:
     return next(folder.glob("part-hybrid-pd-1p1d.json*"), None) or next(folder.glob("part-hybrid-pd-1p1d-run-b.json*"))
 
 
-def simulate_run(cost: CostModel, run: dict, disagg: DisaggConfig) -> Sim:
-    """The GPU benchmark's run replayed: 1P1D, its sessions closed loop at its concurrency, P at N-1 tokens."""
-    sim = Sim(cost, FleetConfig(1, 1, cache_tokens=10**8, p_to_boundary=False, disagg=disagg), POLICIES["ours"])
+def simulate_run(cost: CostModel, run: dict, disagg: DisaggConfig, p_to_boundary: bool = False) -> Sim:
+    """The GPU benchmark's run replayed: 1P1D, its sessions closed loop at its concurrency."""
+    sim = Sim(cost, FleetConfig(1, 1, cache_tokens=10**8, p_to_boundary=p_to_boundary, disagg=disagg), POLICIES["ours"])
     ClosedLoop(sim, bench_sessions(run["rows"], cost.block), slots=run["concurrency"])
     sim.run()
     return sim
 
 
-def calibrate(folder: Path, disagg: DisaggConfig) -> CostModel:
+def calibrate(folder: Path, disagg: DisaggConfig, p_to_boundary: bool = False) -> CostModel:
     """fit(folder), with s1 and s3 (what single requests cannot show: the cost of a fuller step) chosen on a grid
     so that the simulated TTFT p50 of the calibration runs matches the measured (sum of relative errors)."""
     cost = fit(folder)
@@ -79,7 +81,10 @@ def calibrate(folder: Path, disagg: DisaggConfig) -> CostModel:
     def err(knobs: tuple[float, float]) -> float:
         c = replace(cost, s1=knobs[0], s3=knobs[1])
         return sum(
-            abs(measured_pct([r.ttft for r in simulate_run(c, run, disagg).results if r.ttft], 0.5) / m - 1)
+            abs(
+                measured_pct([r.ttft for r in simulate_run(c, run, disagg, p_to_boundary).results if r.ttft], 0.5) / m
+                - 1
+            )
             for run, m in zip(runs, measured)
         )
 
@@ -91,15 +96,15 @@ def calibrate(folder: Path, disagg: DisaggConfig) -> CostModel:
 
 def validate(out: Path) -> dict:
     rows, costs = [], {}
-    for name, disagg in VALIDATION.items():
+    for name, (disagg, to_boundary) in VALIDATION.items():
         folder = GPU / name
-        cost = calibrate(folder, disagg)
+        cost = calibrate(folder, disagg, to_boundary)
         costs[name] = cost.as_dict()
         part = load_part(hybrid_part(folder))
         for run in part["runs"]:
             if run["workload"] != "agentic":
                 continue
-            sim = simulate_run(cost, run, disagg)
+            sim = simulate_run(cost, run, disagg, to_boundary)
             m_ttft = [r["ttft_s"] for r in run["rows"] if r["ttft_s"] is not None]
             s_ttft = [r.ttft for r in sim.results if r.ttft is not None]
             transfers = run.get("transfer", {}).get("transfers")
@@ -178,7 +183,7 @@ def run_fleet(cost: CostModel, pairs: int, rate: float, policy: str, args: argpa
 
 
 def fleet(args: argparse.Namespace) -> list[dict]:
-    cost = replace(calibrate(GPU / FLEET_COST, VALIDATION[FLEET_COST]), max_seqs=args.max_seqs)
+    cost = replace(calibrate(GPU / FLEET_COST, *VALIDATION[FLEET_COST]), max_seqs=args.max_seqs)
     rows = []
     for pairs in args.sizes:
         for rate in args.rates:
