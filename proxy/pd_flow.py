@@ -46,6 +46,9 @@ FORWARDED_HEADERS = ("authorization",)
 _ID_PREFIX = f"pd-{os.urandom(8).hex()}-"
 _ids = itertools.count(1)
 
+# Prompts longer than this are tokenized in a thread (a 9k-token prompt takes milliseconds that other requests'
+# streams would wait for on the event loop); shorter ones cost less inline than the thread's hand-over.
+INLINE_TOKENIZE_CHARS = 8192
 LOCAL_PREFILL, REMOTE_PREFILL, FALLBACK = "local_prefill", "remote_prefill", "fallback"  # the `mode` label
 
 
@@ -122,6 +125,28 @@ class PDFlow:
         return time_left(self.loop, turn.deadline)
 
     async def _tokenize(self, turn: Turn) -> list[int] | None:
+        """The prompt's ids: from the proxy's own tokenizer where it is loaded and reproduces the request's shape,
+        else from a worker's /tokenize (None where neither gives them: the request is routed without ids)."""
+        tokenizer = self.state.tokenizer
+        if tokenizer is not None:
+            began = time.perf_counter()
+            try:
+                if turn.body.prompt_chars > INLINE_TOKENIZE_CHARS:  # milliseconds: off the event loop
+                    tokens = await asyncio.to_thread(tokenizer.tokens, turn.body)
+                else:
+                    tokens = tokenizer.tokens(turn.body)
+            except Exception as e:  # the template refused the messages: the worker's /tokenize says why (a 4xx)
+                log.info("local tokenization failed (%r): asking a worker's /tokenize", e)
+                tokens = None
+            if tokens is not None:
+                self.record.stage("tokenize", time.perf_counter() - began)
+                self.record.tokenized("local")
+                return tokens
+        tokens = await self._remote_tokens(turn)
+        self.record.tokenized("failed" if tokens is None else "remote")
+        return tokens
+
+    async def _remote_tokens(self, turn: Turn) -> list[int] | None:
         body = turn.body.tokenize_body()
         workers = self.pool.admitted("decode") or self.pool.admitted("prefill")
         if body is None or not workers:
