@@ -217,12 +217,14 @@ class HTTPServer:
         self._uvicorn = uvicorn.Server(config)
         self._state = self._uvicorn.server_state
         self._date_timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     async def start(cls, host: str, port: int, handler: Handler, limits: Limits = Limits()) -> HTTPServer:
         self = cls(handler, limits)
         self._uvicorn.config.host, self._uvicorn.config.port = host, port
         self._uvicorn.lifespan = self._uvicorn.config.lifespan_class(self._uvicorn.config)
+        self._loop = asyncio.get_running_loop()
         await self._uvicorn.startup()
         self._date()
         return self
@@ -297,7 +299,7 @@ class HTTPServer:
             chunks[0] if len(chunks) == 1 else b"".join(chunks),
             close=self.draining,
         )
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)  # (without the loop: a getpid per call on Python 3.11)
         assert task is not None
         # A client that leaves cancels the handler (that is what aborts the decode leg): the protocol's
         # connection_lost calls the cycle's on_client_gone (no watcher task per request).
