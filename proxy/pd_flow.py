@@ -26,6 +26,7 @@ from typing import Any
 
 from .disagg import REMOTE, REMOTE_DECODER_BUSY, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
+from .handshakes import HandshakeMemo
 from .http.request import Request
 from .kv.groups import aligned_block
 from .metrics import FlowRecorder
@@ -75,6 +76,7 @@ class PDFlow:
         self.pool = state.pool
         self.upstream = state.upstream
         self.record = FlowRecorder(state.metrics)
+        self.handshakes = HandshakeMemo()
         # The serving loop, bound at the first request; passed down rather than asked for (on Python 3.11 each
         # asyncio.get_running_loop() is a getpid system call: ten of them were 4% of the CPU per request).
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -258,7 +260,6 @@ class PDFlow:
     async def _decode(self, turn: Turn, decoder: Worker) -> None:
         assert self.loop is not None
         endpoint, stream = turn.body.endpoint, turn.body.stream
-        body = turn.body.decode_body(turn.transfer_params, self.config.kv.forward_token_ids)
         if turn.decoder_hit:
             self.record.hit("decoder_local", turn.decoder_hit)
 
@@ -272,6 +273,10 @@ class PDFlow:
 
         began = time.perf_counter()
         for attempt in (0, 1):
+            params, handshake_to = turn.transfer_params, None
+            if params is not None:  # P's handshake only to a decoder that has not had it yet (handshakes.py)
+                params, handshake_to = self.handshakes.params_for(params, decoder.url, decoder.identity)
+            body = turn.body.decode_body(params, self.config.kv.forward_token_ids)
             remaining = max(0.001, turn.deadline - self.loop.time())
             # A JSON answer's headers come with its last byte; an SSE answer's right away (then its first line)
             first_byte = min(self.config.timeouts.decode_first_byte_s, remaining) if stream else remaining
@@ -313,10 +318,13 @@ class PDFlow:
                 break
             except UpstreamUnavailable as e:
                 # Nothing reached the client yet: one more decoder may serve it (any decoder can pull from P).
+                self.handshakes.forget(decoder.url)
                 self._passive_eject(decoder, str(e))
                 if attempt or not any(w is not decoder for w in self.pool.admitted("decode")):
                     raise
                 decoder = self._pick("decode", turn.context, exclude=decoder)
+        if handshake_to is not None and status < 400:
+            self.handshakes.delivered(handshake_to)
         self.record.stage("decode", time.perf_counter() - began)
         self.record.answered(endpoint, turn.mode, status, usage)
 
