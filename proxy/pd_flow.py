@@ -26,7 +26,7 @@ from typing import Any
 
 from .disagg import REMOTE, REMOTE_DECODER_BUSY, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
-from .handshakes import HandshakeMemo
+from .handshakes import DECODER_KNOWS, HandshakeMemo
 from .http.request import Request
 from .kv.groups import aligned_block
 from .metrics import FlowRecorder
@@ -67,6 +67,7 @@ class Turn:
     transfer_params: dict[str, Any] | None = None  # P's kv_transfer_params, handed to D
     prefill_hit: int | None = None  # P's own prefix hit (P's cached_tokens)
     decoder_hit: int | None = None  # D's own hit as the KV index sees it (remote prefill only)
+    decoder: Worker | None = None  # the decoder picked first (P is told whether it knows P's handshake)
 
 
 class PDFlow:
@@ -101,7 +102,7 @@ class PDFlow:
         turn = Turn(request, body, context, headers, started, loop.time() + self.config.timeouts.total_s)
         if self.config.tokenize and context.token_ids is None and body.single_prompt:
             context.token_ids = body.token_ids = await self._tokenize(turn)
-        decoder = self._pick("decode", context)
+        decoder = turn.decoder = self._pick("decode", context)
         decision = decide(
             self.config.disagg,
             eligible=body.single_prompt,
@@ -219,6 +220,7 @@ class PDFlow:
         params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
         if not isinstance(params, dict) or not params:
             return self._fallback(turn, "no_kv_transfer_params")
+        self.handshakes.seen(prefiller.url, params)
         turn.mode, turn.transfer_params, turn.prefill_hit = REMOTE_PREFILL, params, prefill_hit(answer)
         if turn.prefill_hit is not None:
             self.record.hit("prefill_cached", turn.prefill_hit)
@@ -230,6 +232,11 @@ class PDFlow:
         until then. P's own timeout (--prefill-timeout) drops the call."""
         assert self.loop is not None
         prefill_s = self.config.timeouts.prefill_s
+        body = turn.body.prefill_body(self.config.kv.forward_token_ids)
+        if turn.decoder is not None:
+            known = self.handshakes.known_to(prefiller.url, turn.decoder.url, turn.decoder.identity)
+            if known is not None:
+                body["kv_transfer_params"][DECODER_KNOWS] = known
         began = time.perf_counter()
         with self.pool.busy(prefiller, uncached_tokens(self.state.deps, turn.context, prefiller)) as busy:
             leave = LeaveBehind(self.loop.time() + prefill_s, busy.release)
@@ -237,7 +244,7 @@ class PDFlow:
                 return await self.upstream.post_json(
                     prefiller.url,
                     turn.body.path,
-                    turn.body.prefill_body(self.config.kv.forward_token_ids),
+                    body,
                     stage="prefill",
                     timeout=min(prefill_s, max(0.0, self._time_left(turn))),
                     headers=turn.headers,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import aiohttp
 
+from hybrid_pd.proxy.handshakes import DECODER_KNOWS
 from tests.proxy.fakes import cluster, run
 
 HANDSHAKES = ["aGFuZHNoYWtlIG9mIHJhbmsgMA=="]
@@ -34,12 +35,17 @@ def test_the_handshake_goes_once_per_prefiller_engine_and_decoder():
             assert first["handshakes"] == HANDSHAKES and "handshakes" not in again
             assert {k: v for k, v in first.items() if k != "handshakes"} == again
             assert [("handshakes" in x) for x in params_seen(d2)] == [True, False]
+            # and P is told, once the picked decoder has it, which engine's handshake that decoder holds
+            engine = f"engine-{p.url}"
+            assert [x.get(DECODER_KNOWS) for x in params_seen(p)] == [None, None, engine, engine]
             p.extra_ktp["remote_engine_id"] = "restarted"  # P came back as another engine
             d2.status = 500  # and d2 fails this turn: nothing is marked for it
             for _ in range(4):
                 await complete(c.url)
             assert [("handshakes" in x) for x in params_seen(d1)[2:]] == [True, False]
             assert [("handshakes" in x) for x in params_seen(d2)[2:]] == [True, True]
+            # (the first call after the restart names the old engine, which a restarted P does not take as its own)
+            assert [x.get(DECODER_KNOWS) for x in params_seen(p)[4:]] == [engine, None, "restarted", None]
 
     run(body())
 
