@@ -20,7 +20,14 @@ import msgspec
 
 from hybrid_pd.connector.errors import ConnectorError
 from hybrid_pd.connector.integrity import digest_targets
-from hybrid_pd.connector.messages import BlockDigests, CheckpointRef, GroupDigests, RemotePrefill, parse_remote_prefill
+from hybrid_pd.connector.messages import (
+    DECODER_KNOWS,
+    BlockDigests,
+    CheckpointRef,
+    GroupDigests,
+    RemotePrefill,
+    parse_remote_prefill,
+)
 from hybrid_pd.connector.plan import Checkpoint, GroupSpec, plan_transfer
 from hybrid_pd.connector.step import LoadJob, StepMeta
 
@@ -158,6 +165,8 @@ class SchedulerSide:
             return False, None
         refs = self._pin_checkpoints(request, num_tokens)
         self._meta.leases[request.request_id] = self.lease_s
+        # The proxy names the engine whose handshake the chosen decoder holds already: ours, then none is sent.
+        handshakes = [] if params.get(DECODER_KNOWS) == self.engine_id else self.handshakes
         rp = RemotePrefill(
             remote_engine_id=self.engine_id,
             remote_request_id=request.request_id,
@@ -167,7 +176,7 @@ class SchedulerSide:
             remote_num_tokens=num_tokens,
             lease_s=self.lease_s,
             checkpoints=refs,
-            handshakes=self.handshakes,
+            handshakes=handshakes,
         )
         out = rp.to_params()
         self._awaiting[request.request_id] = out

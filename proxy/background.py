@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 import zmq.asyncio
 
 from .engine_load import read_once
+from .errors import UpstreamError
 from .health import check_once
 from .kv.subscriber import subscribe
 from .state import ProxyState
+from .tokenizer import LocalTokenizer
 from .workers import Worker
 
 log = logging.getLogger("hybrid_pd.proxy")
@@ -28,6 +31,52 @@ async def every(interval_s: float, round_: Callable[[ProxyState], Awaitable[None
         except Exception:  # a background loop must not die: log and try again next round
             log.exception("background round %s failed", round_.__qualname__)
         await asyncio.sleep(interval_s)
+
+
+MODEL_FOLDER_RETRY_S = 2.0
+
+
+async def load_tokenizer(state: ProxyState) -> None:
+    """Load the model's tokenizer into the proxy (in a thread: transformers imports and loads for seconds); until
+    then, and when it cannot load, prompts are tokenized through the workers' /tokenize."""
+    source: str | None = state.config.kv.tokenizer
+    if source == "auto":
+        while (source := await model_folder(state)) is None:
+            await asyncio.sleep(MODEL_FOLDER_RETRY_S)
+        if not os.path.isdir(source):
+            log.warning(
+                "the model folder the workers name (%s) is not on this machine: prompts are tokenized "
+                "through the workers' /tokenize (--tokenizer names a local copy)",
+                source,
+            )
+            return
+    assert source is not None
+    try:
+        state.tokenizer = await asyncio.to_thread(LocalTokenizer.load, source)
+    except Exception as e:  # whatever transformers raises for a folder or id it cannot load
+        log.warning(
+            "the tokenizer %s did not load (%r): prompts are tokenized through the workers' /tokenize", source, e
+        )
+        return
+    state.metrics.tokenizer_local.set(1)
+    log.info("tokenizing prompts in the proxy with the tokenizer of %s", source)
+
+
+async def model_folder(state: ProxyState) -> str | None:
+    """The model folder (`root`) a decoder's /v1/models names, or None while no decoder answers."""
+    for w in state.pool.admitted("decode"):
+        try:
+            answer = await state.upstream.get_json(
+                w.url, "/v1/models", timeout=state.config.timeouts.health_s, stage="models"
+            )
+        except UpstreamError:
+            continue
+        data = answer.get("data") if isinstance(answer, dict) else None
+        if isinstance(data, list) and data and isinstance(data[0], dict):
+            root = data[0].get("root") or data[0].get("id")
+            if isinstance(root, str) and root:
+                return root
+    return None
 
 
 class Background:
@@ -48,6 +97,8 @@ class Background:
         if s.config.health.load_interval_s > 0:
             load = every(s.config.health.load_interval_s, read_once, s)
             self.tasks.append(asyncio.create_task(load, name="engine-load"))
+        if s.config.tokenize and s.config.kv.tokenizer != "remote":
+            self.tasks.append(asyncio.create_task(load_tokenizer(s), name="tokenizer"))
         if s.config.discovery == "k8s":
             from .discovery.k8s import discovery_loop
 

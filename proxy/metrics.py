@@ -71,6 +71,9 @@ class _Metric:
     def inc(self, amount: float = 1.0) -> None:
         self._children[()].inc(amount)
 
+    def set(self, value: float) -> None:
+        self._children[()].set(value)
+
     def family(self) -> Metric:
         raise NotImplementedError
 
@@ -174,6 +177,13 @@ class ProxyMetrics:
             P + "abandoned_prefills",
             "P calls left to finish alone (client gone or total timeout); P's blocks are freed by its own lease",
         )
+        self.tokenized = Counter(
+            P + "tokenized_prompts",
+            "Prompts tokenized for routing, by where: local (the proxy's own tokenizer), remote (a worker's "
+            "/tokenize: no local tokenizer, or a request shape it does not reproduce), failed",
+            ("source",),
+        )
+        self.tokenizer_local = Gauge(P + "tokenizer_local", "1 once the model's tokenizer is loaded in the proxy")
         self.in_flight = Gauge(P + "in_flight", "Requests being served")
         self.queued = Gauge(P + "queued", "Requests waiting for a slot")
         self.worker_healthy = Gauge(P + "worker_healthy", "1 admitted, 0 ejected", ("role", "worker"))
@@ -231,6 +241,9 @@ class FlowRecorder:
 
     def latency(self, endpoint: str, seconds: float) -> None:
         self.metrics.latency.labels(endpoint).observe(seconds)
+
+    def tokenized(self, source: str) -> None:
+        self.metrics.tokenized.labels(source).inc()
 
     def error(self, kind: str) -> None:
         self.metrics.errors.labels(kind).inc()

@@ -129,6 +129,8 @@ class OpenAIRequest:
 
 def check_content_type(content_type: str | None) -> None:
     """As vLLM's server does: a body that does not say it is JSON is refused, whatever it holds."""
+    if content_type == "application/json":  # what clients send (the general check splits and lowers)
+        return
     if (content_type or "").split(";", 1)[0].strip().lower() != "application/json":
         raise BadRequest("Unsupported Media Type: Only 'application/json' is allowed")
 

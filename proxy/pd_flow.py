@@ -26,6 +26,7 @@ from typing import Any
 
 from .disagg import REMOTE, REMOTE_DECODER_BUSY, decide
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
+from .handshakes import DECODER_KNOWS, HandshakeMemo
 from .http.request import Request
 from .kv.groups import aligned_block
 from .metrics import FlowRecorder
@@ -46,6 +47,9 @@ FORWARDED_HEADERS = ("authorization",)
 _ID_PREFIX = f"pd-{os.urandom(8).hex()}-"
 _ids = itertools.count(1)
 
+# Prompts longer than this are tokenized in a thread (a 9k-token prompt takes milliseconds that other requests'
+# streams would wait for on the event loop); shorter ones cost less inline than the thread's hand-over.
+INLINE_TOKENIZE_CHARS = 8192
 LOCAL_PREFILL, REMOTE_PREFILL, FALLBACK = "local_prefill", "remote_prefill", "fallback"  # the `mode` label
 
 
@@ -63,6 +67,7 @@ class Turn:
     transfer_params: dict[str, Any] | None = None  # P's kv_transfer_params, handed to D
     prefill_hit: int | None = None  # P's own prefix hit (P's cached_tokens)
     decoder_hit: int | None = None  # D's own hit as the KV index sees it (remote prefill only)
+    decoder: Worker | None = None  # the decoder picked first (P is told whether it knows P's handshake)
 
 
 class PDFlow:
@@ -72,6 +77,7 @@ class PDFlow:
         self.pool = state.pool
         self.upstream = state.upstream
         self.record = FlowRecorder(state.metrics)
+        self.handshakes = HandshakeMemo()
         # The serving loop, bound at the first request; passed down rather than asked for (on Python 3.11 each
         # asyncio.get_running_loop() is a getpid system call: ten of them were 4% of the CPU per request).
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -96,7 +102,7 @@ class PDFlow:
         turn = Turn(request, body, context, headers, started, loop.time() + self.config.timeouts.total_s)
         if self.config.tokenize and context.token_ids is None and body.single_prompt:
             context.token_ids = body.token_ids = await self._tokenize(turn)
-        decoder = self._pick("decode", context)
+        decoder = turn.decoder = self._pick("decode", context)
         decision = decide(
             self.config.disagg,
             eligible=body.single_prompt,
@@ -122,6 +128,28 @@ class PDFlow:
         return time_left(self.loop, turn.deadline)
 
     async def _tokenize(self, turn: Turn) -> list[int] | None:
+        """The prompt's ids: from the proxy's own tokenizer where it is loaded and reproduces the request's shape,
+        else from a worker's /tokenize (None where neither gives them: the request is routed without ids)."""
+        tokenizer = self.state.tokenizer
+        if tokenizer is not None:
+            began = time.perf_counter()
+            try:
+                if turn.body.prompt_chars > INLINE_TOKENIZE_CHARS:  # milliseconds: off the event loop
+                    tokens = await asyncio.to_thread(tokenizer.tokens, turn.body)
+                else:
+                    tokens = tokenizer.tokens(turn.body)
+            except Exception as e:  # the template refused the messages: the worker's /tokenize says why (a 4xx)
+                log.info("local tokenization failed (%r): asking a worker's /tokenize", e)
+                tokens = None
+            if tokens is not None:
+                self.record.stage("tokenize", time.perf_counter() - began)
+                self.record.tokenized("local")
+                return tokens
+        tokens = await self._remote_tokens(turn)
+        self.record.tokenized("failed" if tokens is None else "remote")
+        return tokens
+
+    async def _remote_tokens(self, turn: Turn) -> list[int] | None:
         body = turn.body.tokenize_body()
         workers = self.pool.admitted("decode") or self.pool.admitted("prefill")
         if body is None or not workers:
@@ -192,6 +220,7 @@ class PDFlow:
         params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
         if not isinstance(params, dict) or not params:
             return self._fallback(turn, "no_kv_transfer_params")
+        self.handshakes.seen(prefiller.url, params)
         turn.mode, turn.transfer_params, turn.prefill_hit = REMOTE_PREFILL, params, prefill_hit(answer)
         if turn.prefill_hit is not None:
             self.record.hit("prefill_cached", turn.prefill_hit)
@@ -203,6 +232,11 @@ class PDFlow:
         until then. P's own timeout (--prefill-timeout) drops the call."""
         assert self.loop is not None
         prefill_s = self.config.timeouts.prefill_s
+        body = turn.body.prefill_body(self.config.kv.forward_token_ids)
+        if turn.decoder is not None:
+            known = self.handshakes.known_to(prefiller.url, turn.decoder.url, turn.decoder.identity)
+            if known is not None:
+                body["kv_transfer_params"][DECODER_KNOWS] = known
         began = time.perf_counter()
         with self.pool.busy(prefiller, uncached_tokens(self.state.deps, turn.context, prefiller)) as busy:
             leave = LeaveBehind(self.loop.time() + prefill_s, busy.release)
@@ -210,7 +244,7 @@ class PDFlow:
                 return await self.upstream.post_json(
                     prefiller.url,
                     turn.body.path,
-                    turn.body.prefill_body(self.config.kv.forward_token_ids),
+                    body,
                     stage="prefill",
                     timeout=min(prefill_s, max(0.0, self._time_left(turn))),
                     headers=turn.headers,
@@ -233,7 +267,6 @@ class PDFlow:
     async def _decode(self, turn: Turn, decoder: Worker) -> None:
         assert self.loop is not None
         endpoint, stream = turn.body.endpoint, turn.body.stream
-        body = turn.body.decode_body(turn.transfer_params, self.config.kv.forward_token_ids)
         if turn.decoder_hit:
             self.record.hit("decoder_local", turn.decoder_hit)
 
@@ -247,6 +280,10 @@ class PDFlow:
 
         began = time.perf_counter()
         for attempt in (0, 1):
+            params, handshake_to = turn.transfer_params, None
+            if params is not None:  # P's handshake only to a decoder that has not had it yet (handshakes.py)
+                params, handshake_to = self.handshakes.params_for(params, decoder.url, decoder.identity)
+            body = turn.body.decode_body(params, self.config.kv.forward_token_ids)
             remaining = max(0.001, turn.deadline - self.loop.time())
             # A JSON answer's headers come with its last byte; an SSE answer's right away (then its first line)
             first_byte = min(self.config.timeouts.decode_first_byte_s, remaining) if stream else remaining
@@ -288,10 +325,13 @@ class PDFlow:
                 break
             except UpstreamUnavailable as e:
                 # Nothing reached the client yet: one more decoder may serve it (any decoder can pull from P).
+                self.handshakes.forget(decoder.url)
                 self._passive_eject(decoder, str(e))
                 if attempt or not any(w is not decoder for w in self.pool.admitted("decode")):
                     raise
                 decoder = self._pick("decode", turn.context, exclude=decoder)
+        if handshake_to is not None and status < 400:
+            self.handshakes.delivered(handshake_to)
         self.record.stage("decode", time.perf_counter() - began)
         self.record.answered(endpoint, turn.mode, status, usage)
 

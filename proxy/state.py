@@ -10,6 +10,7 @@ from .kv.index import KVIndex
 from .kv.prompt_keys import ChainCache
 from .metrics import ProxyMetrics
 from .routing import Deps, Router
+from .tokenizer import LocalTokenizer
 from .upstream import Upstream
 from .workers import WorkerPool
 
@@ -26,6 +27,7 @@ class ProxyState:
     deps: Deps
     decode_router: Router
     prefill_router: Router
+    tokenizer: LocalTokenizer | None = None  # the model's own tokenizer, once loaded (background.py)
 
     @classmethod
     def build(cls, config: ProxyConfig) -> ProxyState:

@@ -7,9 +7,7 @@ path (the Kubernetes API, with TLS and its own headers)."""
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 import aiohttp
@@ -103,8 +101,7 @@ class Upstream:
             return None
         return raw.decode("utf-8", "replace") if resp.status == 200 else None
 
-    @contextlib.asynccontextmanager
-    async def open_post(
+    def open_post(
         self,
         base: str,
         path: str,
@@ -113,29 +110,11 @@ class Upstream:
         first_byte_timeout: float,
         stage: str,
         headers: dict[str, str] | None = None,
-    ) -> AsyncIterator[Response]:
+    ) -> OpenPost:
         """POST and yield the open response once its headers arrived (HTTP >= 400 raises UpstreamStatus).
         Leaving the block closes the connection: for a response not read to its end, that aborts the request
         on the worker (vLLM aborts a request whose client went away)."""
-        try:
-            resp = await self.pool.request(
-                "POST", base, path, _encoder.encode(body), _json_headers(headers), timeout=first_byte_timeout
-            )
-            if resp.status >= 400:
-                try:
-                    self._decode(resp.status, await resp.read(first_byte_timeout), base, stage)
-                finally:
-                    resp.close()
-        except UpstreamError:
-            raise
-        except (TimeoutError, HTTPClientError, OSError) as e:
-            _raise_mapped(e, base, stage, first_byte_timeout)
-        try:
-            yield resp
-        except HTTPClientError as e:
-            raise unavailable(e, base, stage, "broke the response") from None
-        finally:
-            resp.close()  # an unfinished answer's connection is dropped, not pooled
+        return OpenPost(self, base, path, _encoder.encode(body), _json_headers(headers), first_byte_timeout, stage)
 
     async def _call(
         self,
@@ -179,6 +158,42 @@ class Upstream:
         if status >= 400:
             raise UpstreamStatus(status, payload, worker=base, stage=stage)
         return payload
+
+
+class OpenPost:
+    """Upstream.open_post's context (a class: the request path enters one per decode, and a generator-based
+    context manager costs several frames and a generator more)."""
+
+    __slots__ = ("upstream", "base", "path", "data", "headers", "timeout", "stage", "resp")
+
+    def __init__(
+        self, upstream: Upstream, base: str, path: str, data: bytes, headers: dict[str, str], timeout: float, stage: str
+    ):
+        self.upstream, self.base, self.path, self.data, self.headers = upstream, base, path, data, headers
+        self.timeout, self.stage = timeout, stage
+        self.resp: Response | None = None
+
+    async def __aenter__(self) -> Response:
+        base, stage, timeout = self.base, self.stage, self.timeout
+        try:
+            resp = await self.upstream.pool.request("POST", base, self.path, self.data, self.headers, timeout=timeout)
+            if resp.status >= 400:
+                try:
+                    self.upstream._decode(resp.status, await resp.read(timeout), base, stage)
+                finally:
+                    resp.close()
+        except UpstreamError:
+            raise
+        except (TimeoutError, HTTPClientError, OSError) as e:
+            _raise_mapped(e, base, stage, timeout)
+        self.resp = resp
+        return resp
+
+    async def __aexit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: Any) -> None:
+        assert self.resp is not None
+        self.resp.close()  # an unfinished answer's connection is dropped, not pooled
+        if isinstance(e, HTTPClientError):
+            raise unavailable(e, self.base, self.stage, "broke the response") from None
 
 
 def _json_headers(headers: dict[str, str] | None) -> dict[str, str]:

@@ -10,6 +10,7 @@ the declarations, and problems() adds the rules that span fields.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -93,9 +94,10 @@ class ProxyConfig:
         if problems:
             raise ConfigError(problems)
 
-    @property
+    @functools.cached_property
     def tokenize(self) -> bool:
-        """Prompts are tokenized (POST /tokenize on a worker) only when a policy or threshold needs the ids."""
+        """Prompts are tokenized (the proxy's tokenizer, or a worker's /tokenize) only when a policy or threshold
+        needs the ids. (Read per request: computed once.)"""
         by_hit = self.routing.uses("kv_hit") or self.routing.uses("queue_cost")
         return by_hit or (self.disagg.enabled and self.disagg.min_prompt_tokens > 0)
 

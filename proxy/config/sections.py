@@ -104,6 +104,15 @@ class KVIndexConfig:
     forward_token_ids: bool = setting(
         True, "forward_token_ids", "send the tokenized prompt to the workers (completions)", parse=boolean
     )
+    tokenizer: str = setting(
+        "auto",
+        "tokenizer",
+        "where prompts are tokenized when routing needs their ids: 'auto' (the model folder the decoders name in "
+        "/v1/models, when this machine can read it), a model folder or Hugging Face id (its tokenizer and chat "
+        "template, loaded by the proxy), or 'remote' (POST /tokenize on a worker per request); the proxy falls "
+        "back to 'remote' while a local tokenizer is not loaded and for request shapes it does not reproduce",
+        check=lambda v: None if v else "must not be empty",
+    )
     grace_s: float = setting(
         60.0,
         "kv_index_grace_s",

@@ -73,7 +73,11 @@ class _Protocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        cycle = self.cycle
         super().connection_lost(exc)
+        gone = getattr(cycle, "on_client_gone", None)
+        if gone is not None and cycle.disconnected:
+            gone()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -109,8 +113,15 @@ class _Protocol(HttpToolsProtocol):
         if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
             self._reject(413, f"the request body is over {self.limits.max_body_bytes} bytes")
         super().on_headers_complete()
+        self.cycle.transport = _HeadWithBody(self.transport)  # type: ignore[assignment]  # (what the cycle uses of one)
         if self.parser.should_upgrade():  # served, then closed: llhttp reads nothing after an upgrade request
             self.cycle.keep_alive = False
+
+    def on_response_complete(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and isinstance(cycle.transport, _HeadWithBody):
+            cycle.transport.flush()  # an answer without body bytes (to HEAD): its head alone
+        super().on_response_complete()
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -149,6 +160,42 @@ class _Protocol(HttpToolsProtocol):
             self._head_timer = None
 
 
+class _HeadWithBody:
+    """The transport as one request's cycle sees it: uvicorn writes an answer's head alone and then its body,
+    two system calls per answer; the head is held here until the first body bytes (or the end of the answer, or
+    a close) and leaves with them in one write. A `100 Continue` goes out at once (the client waits for it)."""
+
+    __slots__ = ("transport", "_head", "_held_once")
+    CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+    def __init__(self, transport: asyncio.Transport):
+        self.transport = transport
+        self._head: bytes | None = None
+        self._held_once = False
+
+    def write(self, data: bytes) -> None:
+        if not self._held_once and data != self.CONTINUE:
+            self._held_once = True  # uvicorn's first write of an answer is its head
+            self._head = data
+            return
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        if data:
+            self.transport.write(data)
+
+    def flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            self.transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+
 class HTTPServer:
     def __init__(self, handler: Handler, limits: Limits):
         self.handler, self.limits = handler, limits
@@ -170,12 +217,14 @@ class HTTPServer:
         self._uvicorn = uvicorn.Server(config)
         self._state = self._uvicorn.server_state
         self._date_timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     async def start(cls, host: str, port: int, handler: Handler, limits: Limits = Limits()) -> HTTPServer:
         self = cls(handler, limits)
         self._uvicorn.config.host, self._uvicorn.config.port = host, port
         self._uvicorn.lifespan = self._uvicorn.config.lifespan_class(self._uvicorn.config)
+        self._loop = asyncio.get_running_loop()
         await self._uvicorn.startup()
         self._date()
         return self
@@ -250,9 +299,14 @@ class HTTPServer:
             chunks[0] if len(chunks) == 1 else b"".join(chunks),
             close=self.draining,
         )
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)  # (without the loop: a getpid per call on Python 3.11)
         assert task is not None
-        watcher = asyncio.get_running_loop().create_task(_cancel_when_gone(receive, request, task))
+        # A client that leaves cancels the handler (that is what aborts the decode leg): the protocol's
+        # connection_lost calls the cycle's on_client_gone (no watcher task per request).
+        cycle = receive.__self__  # type: ignore[attr-defined]  # uvicorn's RequestResponseCycle
+        if cycle.disconnected:
+            return
+        cycle.on_client_gone = functools.partial(_client_gone, request, task)
         try:
             await self.handler(request)
         except asyncio.CancelledError:
@@ -268,17 +322,13 @@ class HTTPServer:
             if not request.started:
                 await request.respond(500, error_body(500, "internal_error", "internal proxy error"))
         finally:
-            watcher.cancel()
+            cycle.on_client_gone = None
         if not request.started:
             await request.respond(500, error_body(500, "internal_error", "the proxy gave no answer"))
 
 
-async def _cancel_when_gone(
-    receive: Callable[[], Awaitable[dict[str, Any]]], request: Request, task: asyncio.Task
-) -> None:
-    """Wait for the client to leave (uvicorn's receive() answers http.disconnect once the body was read, when
-    the connection is lost or the answer is complete) and cancel the request's handler if it was still at work."""
-    message = await receive()
-    if message["type"] == "http.disconnect" and not request.done:
+def _client_gone(request: Request, task: asyncio.Task) -> None:
+    """The client's connection was lost while its handler was at work: cancel the handler."""
+    if not request.done:
         request.client_gone = True
         task.cancel()

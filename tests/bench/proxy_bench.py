@@ -135,7 +135,11 @@ async def one_request(s: aiohttp.ClientSession, url: str, tokens: int) -> float:
     async with s.post(url + "/v1/completions", json=BODY) as r:
         data = await r.read()
     took = time.perf_counter() - t0
-    if r.status != 200 or data.count(b"data: {") != tokens or not data.endswith(b"data: [DONE]\n\n"):
+    if BODY["stream"]:
+        ok = data.count(b"data: {") == tokens and data.endswith(b"data: [DONE]\n\n")
+    else:
+        ok = data.startswith(b"{") and data.count(b" t") == tokens
+    if r.status != 200 or not ok:
         raise RuntimeError(f"{url}: bad answer {r.status} {data[:300]!r}")
     return took
 
@@ -326,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32, help="SSE events per streamed answer")
     ap.add_argument("--token-interval-ms", type=float, default=0.0,
                     help="the fake decoder sleeps this long between events (0: it only yields)")
+    ap.add_argument("--no-stream", action="store_true", help="non-streamed completions (D answers one JSON)")
     ap.add_argument("--router-venv", type=Path, default=DEFAULT_ROUTER_VENV)
     ap.add_argument("--no-router", action="store_true", help="leave vllm-router out")
     ap.add_argument("--only", default="", help="comma-separated substrings of peer names to measure (and direct)")
@@ -334,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     BODY["max_tokens"] = args.tokens
+    BODY["stream"] = not args.no_stream
     if os.cpu_count() is None or os.cpu_count() < 2:
         raise SystemExit("needs 2 cores: one for the proxy, one for the workers and the load generator")
     os.sched_setaffinity(0, {HARNESS_CORE})
@@ -363,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"Machine: {platform.machine()}, {os.cpu_count()} cores (proxy on core {PROXY_CORE}; fake workers + load "
             f"generator on core {HARNESS_CORE}), Python {platform.python_version()}; "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. {args.rounds} interleaved rounds, medians; "
-            f"{args.tokens} SSE events per answer, {args.token_interval_ms:g} ms apart; c=1: {args.c1_requests} "
-            f"requests; c={args.concurrency}: "
+            f"{'not streamed, ' if args.no_stream else ''}{args.tokens} tokens per answer"
+            f"{'' if args.no_stream else ' (SSE events)'}, {args.token_interval_ms:g} ms apart; "
+            f"c=1: {args.c1_requests} requests; c={args.concurrency}: "
             f"{args.c64_seconds:g} s.\n\n")
     print(head + table)
     if args.out:

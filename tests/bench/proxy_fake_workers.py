@@ -5,6 +5,8 @@
 They answer like vLLM's OpenAI server in a NIXL PD deployment, at once:
   - a request with kv_transfer_params.do_remote_decode (the prefill leg): a JSON completion of one token
     with usage and P's kv_transfer_params (do_remote_prefill, remote_engine_id, remote_block_ids, ...);
+  - any other completion without stream=true (the decode leg, not streamed): one JSON completion of `TOKENS`
+    tokens with usage, after TOKENS x INTERVAL_MS;
   - any other completion with stream=true (the decode leg): `TOKENS` SSE events `data: {...}\\n\\n` then
     `data: [DONE]\\n\\n`, chunked; between events the coroutine yields (INTERVAL_MS 0, the default: events
     mostly arrive in a few segments) or sleeps INTERVAL_MS, like a decoder that emits a token per step (each
@@ -58,6 +60,13 @@ class Answers:
              "choices": [{"index": 0, "text": f" t{i}", "logprobs": None, "finish_reason": None,
                           "stop_reason": None}]}) + b"\n\n") for i in range(tokens)]
         self.stream_tail = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+        whole = {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake-model",
+                 "choices": [{"index": 0, "text": "".join(f" t{i}" for i in range(tokens)), "logprobs": None,
+                              "finish_reason": "length", "stop_reason": None}],
+                 "usage": {"prompt_tokens": 600, "total_tokens": 600 + tokens, "completion_tokens": tokens,
+                           "prompt_tokens_details": {"cached_tokens": 592}},
+                 "kv_transfer_params": None}
+        self.decode_json = _response("200 OK", b"application/json", _encoder.encode(whole))
 
 
 class FakeWorker(asyncio.Protocol):
@@ -105,9 +114,22 @@ class FakeWorker(asyncio.Protocol):
         req = _decoder.decode(body)
         if (req.get("kv_transfer_params") or {}).get("do_remote_decode"):
             t.write(self.a.prefill)
+        elif not req.get("stream"):
+            if self.a.interval_s:
+                self.busy = True
+                asyncio.get_running_loop().create_task(self._whole())
+            else:
+                t.write(self.a.decode_json)
         else:
             self.busy = True
             asyncio.get_running_loop().create_task(self._stream())
+
+    async def _whole(self) -> None:
+        await asyncio.sleep(self.a.interval_s * len(self.a.events))
+        if not self.transport.is_closing():
+            self.transport.write(self.a.decode_json)
+        self.busy = False
+        self._next()
 
     async def _stream(self) -> None:
         t = self.transport

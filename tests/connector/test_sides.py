@@ -115,6 +115,22 @@ def test_prefiller_params_carry_each_ranks_handshake_through_json():
     assert p2.handshakes == []
 
 
+def test_prefiller_leaves_its_handshakes_out_for_a_decoder_that_knows_this_engine():
+    """The proxy names the engine id whose handshake the chosen decoder holds: P's own id leaves the handshakes
+    out; another id (P restarted since) keeps them."""
+    from hybrid_pd.connector.messages import DECODER_KNOWS
+
+    p = SchedulerSide(engine_id="P2", host="h", port=7, groups=GROUPS)
+    p.set_handshakes({0: b"rank-0"})
+    carried = []
+    for knows in ("P2", "P1", None):
+        req = request(11, {"do_remote_decode": True, DECODER_KNOWS: knows}, req_id=f"r-{knows}")
+        req.num_computed_tokens = 10
+        _, params = p.request_finished(req, ([0, 0, 3], [5, 6, 7]), finished_ok=True)
+        carried.append(params["handshakes"])
+    assert [bool(h) for h in carried] == [False, True, True]  # (the bytes as base64 text: to_params)
+
+
 def remote_params(**over) -> dict:
     base = dict(remote_engine_id="P", remote_request_id="p-r1", remote_host="h", remote_port=7,
                 remote_block_ids=[[0, 0, 3], [5, 6, 7]], remote_num_tokens=10, lease_s=9,

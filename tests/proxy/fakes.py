@@ -37,6 +37,7 @@ class FakeWorker:
     hang: bool = False  # generate endpoints wait for `release` (never set unless a test sets it)
     hang_stream_after_first: bool = False  # stream one chunk, then wait for `release`
     return_ktp: bool = True  # a prefiller returns kv_transfer_params
+    extra_ktp: dict[str, Any] = field(default_factory=dict)  # added to a prefiller's kv_transfer_params
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens this worker reports
     healthy: bool = True
     chunks: tuple[str, ...] = ("Hel", "lo")
@@ -150,7 +151,7 @@ class FakeWorker:
             out["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
                                          "remote_engine_id": f"engine-{self.url}", "remote_block_ids": [[1, 2], [0, 7]],
                                          "remote_host": "127.0.0.1", "remote_port": 5600,
-                                         "remote_request_id": "r-1", "tp_size": 1}
+                                         "remote_request_id": "r-1", "tp_size": 1, **self.extra_ktp}
         else:
             out["kv_transfer_params"] = None
         return out

@@ -297,3 +297,51 @@ def test_mangled_requests_get_an_answer_or_a_4xx_never_a_hang_and_the_server_ser
             assert status == 200 and json.loads(raw)["body"] == "{}"
             writer.close()
     run(body())
+
+
+class _CountingTransport:
+    """The socket's transport with its writes counted (what reaches the kernel: one system call each)."""
+
+    def __init__(self, transport, writes: list[bytes]):
+        self.transport, self.writes = transport, writes
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        self.transport.write(data)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+
+def test_an_answer_leaves_in_one_write_with_its_head(monkeypatch):
+    """uvicorn writes a head alone and then the body: the server holds the head for the body's first bytes. A
+    whole answer is one write; a stream's head leaves with its first part; a HEAD answer (no body bytes) and a
+    100 Continue still leave at once."""
+    from hybrid_pd.proxy.http import server as server_module
+
+    writes: list[bytes] = []
+    real = server_module._HeadWithBody.__init__
+    monkeypatch.setattr(server_module._HeadWithBody, "__init__",
+                        lambda self, t: real(self, _CountingTransport(t, writes)))
+
+    async def body():
+        async with server() as (app, port):
+            reader, writer = await connect(port)
+            writer.write(post("/one", b"x"))
+            status, headers, raw = await read_answer(reader)
+            assert status == 200 and json.loads(raw)["path"] == "/one"
+            assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 200") and writes[0].endswith(raw)
+            writes.clear()
+            writer.write(post("/stream", b""))
+            status, _, raw = await read_answer(reader)
+            assert raw == b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+            assert len(writes) == 4 and writes[0].startswith(b"HTTP/1.1 200") and writes[0].endswith(b"data: 0\n\n\r\n")
+            writes.clear()
+            writer.write(b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200") and len(writes) == 1
+            writer.close()
+    run(body())

@@ -1,0 +1,47 @@
+"""The handshake once per (P, D) with real engines (our connector on both, the tiny model): through the proxy,
+P's first answer carries its handshake and the next ones do not (the proxy told P that D knows its engine), and
+every turn is still read over NIXL, none failed or computed by D instead.
+
+Runs in the engine lane (`-m engines`)."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from hybrid_pd.proxy.app import serve_in_background
+from hybrid_pd.proxy.config import ProxyConfig
+from tests.proxy.fakes import run
+from tests.support.conversation import text_of
+from tests.support.engines import Engines, d_metrics, delta
+
+pytestmark = pytest.mark.engines
+
+
+def test_later_turns_read_without_the_handshake(launch, tiny_model):
+    urls = Engines(launch, {"p": ("prefill", "hybrid", "0", tiny_model, {}),
+                            "d": ("decode", "hybrid", "1", tiny_model, {})}).up("p", "d")
+
+    async def body():
+        config = ProxyConfig.from_flat({"port": 0, "prefill": [urls["p"]], "decode": [urls["d"]],
+                                        "health_interval": 0, "load_interval": 0})
+        async with serve_in_background(config) as proxy, aiohttp.ClientSession() as s:
+            memo, carried = proxy.app.flow.handshakes, []
+            record = memo.seen
+
+            def seen(prefiller, params):
+                carried.append(bool(params.get("handshakes")))
+                record(prefiller, params)
+
+            memo.seen = seen
+            before = d_metrics(urls["d"])
+            for salt in (1, 2, 3):
+                req = {"model": "tiny", "prompt": text_of(300, salt), "max_tokens": 4, "temperature": 0.0}
+                async with s.post(proxy.url + "/v1/completions", json=req) as r:
+                    assert r.status == 200, await r.text()
+            moved = delta(before, d_metrics(urls["d"]))
+            assert carried == [True, False, False]
+            assert moved["hybrid_pd_bytes_transferred_count"] == 3 and moved["hybrid_pd_failed_transfers_total"] == 0
+            assert proxy.state.metrics.requests.labels("completions", "remote_prefill", "200").value == 3
+
+    run(body(), timeout=300)

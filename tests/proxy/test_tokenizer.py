@@ -1,0 +1,136 @@
+"""The proxy's own tokenizer (proxy/tokenizer.py) in front of fake workers: with the model's tokenizer loaded no
+/tokenize reaches a worker, completions go on as the ids it computed, chat stays chat; request shapes it does not
+reproduce, and a tokenizer that cannot load, go through a worker's /tokenize, and the metrics say which.
+(Identity with vLLM's own ids, per tiny family and for the openai client's requests: test_tokenizer_engine.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+from hybrid_pd.proxy.openai_api import parse_request
+from hybrid_pd.proxy.tokenizer import LocalTokenizer
+from tests.proxy.fakes import cluster, metric_value, run, tokens_of
+
+M = "hybrid_pd_proxy_"
+
+
+@pytest.fixture(scope="module")
+def local(tiny_model) -> LocalTokenizer:
+    return LocalTokenizer.load(tiny_model)
+
+
+def tokens(tok: LocalTokenizer, endpoint: str, body: dict) -> list[int] | None:
+    return tok.tokens(parse_request(endpoint, json.dumps(body).encode()))
+
+
+def chat(*messages: dict, **extra) -> dict:
+    return {"model": "tiny", "messages": list(messages), **extra}
+
+
+USER = {"role": "user", "content": "hello world"}
+
+
+def test_what_is_reproduced_and_what_is_not(local):
+    hf = local.tokenizer
+    assert tokens(local, "completions", {"prompt": "hello world"}) == hf.encode("hello world")
+    assert tokens(local, "completions", {"prompt": "hi", "add_special_tokens": False}) == hf.encode(
+        "hi", add_special_tokens=False)
+    rendered = "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n"
+    assert tokens(local, "chat", chat(USER)) == hf.encode(rendered, add_special_tokens=False)
+    one_part = {"role": "user", "content": [{"type": "text", "text": "hello world"}]}
+    assert tokens(local, "chat", chat(one_part)) == tokens(local, "chat", chat(USER))
+    not_reproduced = [
+        ("completions", {"prompt": ["a", "b"]}),
+        ("completions", {"prompt": "a", "truncate_prompt_tokens": 3}),
+        ("chat", chat(USER, tools=[{"type": "function", "function": {"name": "f"}}])),
+        ("chat", chat({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})),
+        ("chat", chat({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]})),
+        ("chat", chat({"role": "tool", "content": "r", "tool_call_id": "1"})),
+        ("chat", chat({"role": "developer", "content": "be brief"}, USER)),
+        ("chat", chat({"role": "assistant", "content": "", "tool_calls": []})),
+        ("chat", chat({"role": "system", "content": "x-anthropic-billing-header: cch=1\nhi"}, USER)),
+        ("chat", chat(USER, chat_template="{{ messages }}")),
+        ("chat", chat(USER, chat_template_kwargs={"tokenize": False})),
+        ("chat", chat(USER, add_special_tokens=True)),
+        ("chat", chat(USER, add_generation_prompt=True, continue_final_message=True)),
+    ]
+    for endpoint, body in not_reproduced:
+        assert tokens(local, endpoint, {"model": "tiny", **body}) is None, body
+
+
+async def post(url: str, path: str, body: dict) -> dict:
+    async with aiohttp.ClientSession() as s, s.post(url + path, json=body) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+async def loaded(c, timeout_s: float = 60.0) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if c.proxy.state.tokenizer is not None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the local tokenizer did not load")
+
+
+def test_local_tokenizer_replaces_the_round_trip(tiny_model, local):
+    """kv_hit routing needs ids: with --tokenizer set, neither completions nor chat ask a worker's /tokenize;
+    completions reach P and D as the ids, chat as the same messages."""
+
+    async def body():
+        async with cluster(decode_policy="kv_hit", tokenizer=tiny_model) as c:
+            await loaded(c)
+            prompt = "the quick brown fox"
+            await post(c.url, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 3})
+            await post(c.url, "/v1/chat/completions", chat(USER, max_tokens=3))
+            seen = [s for w in (*c.prefill, *c.decode) for s in w.seen]
+            assert not [s for s in seen if s.path == "/tokenize"]
+            completions = [s.body for s in seen if s.path == "/v1/completions"]
+            assert [b["prompt"] for b in completions] == [local.tokenizer.encode(prompt)] * 2
+            chats = [s.body for s in seen if s.path == "/v1/chat/completions"]
+            assert [b["messages"] for b in chats] == [[USER]] * 2 and all("prompt" not in b for b in chats)
+            metrics = c.proxy.state.metrics.render().decode()
+            assert metric_value(metrics, M + "tokenized_prompts_total", source="local") == 2
+            assert metric_value(metrics, M + "tokenizer_local") == 1
+
+    run(body(), timeout=120)
+
+
+def test_fallback_to_the_workers_tokenize(tmp_path):
+    """A tokenizer that does not load (and, with it loaded, a shape it does not reproduce) goes through a worker's
+    /tokenize: the fake's one-token-per-character ids reach the workers."""
+
+    async def body():
+        async with cluster(decode_policy="kv_hit", tokenizer=str(tmp_path / "missing")) as c:
+            for _ in range(100):  # the load task has run and failed
+                if all(t.done() for t in asyncio.all_tasks() if t.get_name() == "tokenizer"):
+                    break
+                await asyncio.sleep(0.05)
+            await post(c.url, "/v1/completions", {"model": "tiny", "prompt": "abc", "max_tokens": 3})
+            seen = [s for w in (*c.prefill, *c.decode) for s in w.seen]
+            assert [s.path for s in seen if s.path == "/tokenize"] == ["/tokenize"]
+            assert [s.body["prompt"] for s in seen if s.path == "/v1/completions"] == [tokens_of("abc")] * 2
+            metrics = c.proxy.state.metrics.render().decode()
+            assert metric_value(metrics, M + "tokenized_prompts_total", source="remote") == 1
+            assert metric_value(metrics, M + "tokenizer_local") == 0
+
+    run(body(), timeout=60)
+
+
+def test_shapes_not_reproduced_ask_the_worker(tiny_model):
+    async def body():
+        async with cluster(decode_policy="kv_hit", tokenizer=tiny_model) as c:
+            await loaded(c)
+            two_parts = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+            await post(c.url, "/v1/chat/completions", chat(two_parts, max_tokens=3))
+            await post(c.url, "/v1/completions", {"model": "tiny", "prompt": "abc", "max_tokens": 3})
+            seen = [s for w in (*c.prefill, *c.decode) for s in w.seen]
+            assert [s.body.get("messages") for s in seen if s.path == "/tokenize"] == [[two_parts]]
+            metrics = c.proxy.state.metrics.render().decode()
+            assert metric_value(metrics, M + "tokenized_prompts_total", source="remote") == 1
+            assert metric_value(metrics, M + "tokenized_prompts_total", source="local") == 1
+
+    run(body(), timeout=120)
