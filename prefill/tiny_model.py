@@ -33,10 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # for annotations only: the launchers import this module, torch loads slowly
+    import random
+
     import torch
 
 CACHE_ROOT = Path(os.environ.get("HYBRID_PD_CACHE", Path.home() / ".cache" / "hybrid-pd"))
-BUILD_VERSION = 5  # bump when the builder's output changes for the same spec
+BUILD_VERSION = 6  # bump when the builder's output changes for the same spec
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -110,9 +112,18 @@ def _build_tokenizer(spec: TinyModelSpec, out: Path) -> int:
 
 
 class Corpus:
-    """Word sequences whose next word is `table[previous two]` (85%) or a random word (15%), drawn from `seed`."""
+    """Documents whose continuation rule is chosen by their first word and shown again by every transition.
 
-    NOISE = 0.15
+    RULES tables, drawn from `seed`, map a word to its successor. A document's first word (the key) picks one
+    table by `rule_of`; every later word is that table's successor of the word before it with probability
+    1 - DECOY, and the other table's successor otherwise. Every transition is thus consistent with some table:
+    which one rules a document is told by its key and by the balance of its transitions, information spread
+    over the whole prompt that reaches a later token only through the recurrent state and attention. With the
+    right rule the next word wins by ln((1 - DECOY) / DECOY) = 0.85 nats (and by more once the model is sure);
+    a prompt whose state or KV carries another document's rule continues with the other table."""
+
+    RULES = 2
+    DECOY = 0.3
 
     def __init__(self, seed: int):
         import random
@@ -120,18 +131,26 @@ class Corpus:
         self.words = sorted(set(WORDS))
         self.rng = random.Random(f"corpus-{seed}")
         n = len(self.words)
-        self.table = [[self.rng.randrange(n) for _ in range(n)] for _ in range(n)]
+        self.tables = [[self.rng.randrange(n) for _ in range(n)] for _ in range(self.RULES)]
+        order = list(range(n))
+        self.rng.shuffle(order)
+        self.rule_of = [0] * n
+        for rank, word in enumerate(order):
+            self.rule_of[word] = rank % self.RULES
 
-    def document(self, n_words: int) -> str:
-        n, rng = len(self.words), self.rng
-        out = [rng.randrange(n), rng.randrange(n)]
+    def document(self, n_words: int, first: str | None = None, rng: random.Random | None = None) -> str:
+        """`n_words` words from the corpus's own draws, or from `rng`; `first`: the key (else drawn)."""
+        n, rng = len(self.words), rng or self.rng
+        out = [rng.randrange(n) if first is None else self.words.index(first)]
+        rule = self.rule_of[out[0]]
         while len(out) < n_words:
-            out.append(rng.randrange(n) if rng.random() < self.NOISE else self.table[out[-2]][out[-1]])
+            table = self.tables[1 - rule if rng.random() < self.DECOY else rule]
+            out.append(table[out[-1]])
         return " " + " ".join(self.words[i] for i in out)
 
 
-def _train(model: torch.nn.Module, tokenizer_dir: Path, spec: TinyModelSpec, batch: int = 8, seq: int = 128) -> None:
-    """A brief next-token training on `Corpus(seed)`: sharp, context-dependent greedy outputs."""
+def _train(model: torch.nn.Module, tokenizer_dir: Path, spec: TinyModelSpec, batch: int = 8, seq: int = 256) -> None:
+    """A brief next-token training on `Corpus(seed)`: sharp greedy outputs that depend on the prompt's first word."""
     import torch
     from transformers import AutoTokenizer
 

@@ -16,6 +16,7 @@ import time
 import psutil
 import pytest
 
+from tests.support import controls
 from tests.support.conversation import (ANSWER_TOKENS, assert_same_greedy, cached, colocated_pass, complete,
                                         decided_tokens, greedy_reference, logprob_delta, text_of, tokenize)
 from tests.support.conversation import LOGPROB_FLOOR, LOGPROB_TOL, PARITY
@@ -50,6 +51,7 @@ def engines(launch, tiny_model, tiny_model_other_weights):
         "d": ("decode", "hybrid", "1", tiny_model, {}),  # the launchers' deadlines (READ 30 s)
         # vLLM < 0.32's way of reporting loads (no per-request failure channel), forced on this release
         "d_legacy": ("decode", "hybrid", "1", tiny_model, {"HYBRID_PD_TRANSFER_RESULTS": "legacy"}),
+        "d_zero": ("decode", "hybrid", "1", tiny_model, controls.ZERO_STATE_ENV),  # zeroes every state it reads
     })
 
 
@@ -78,6 +80,7 @@ def reference(engines):
     out["failed_load_hit"] = complete(ref, HIT_PROMPT)["choices"][0]["text"]
     out["shipped"] = {"ids": ids, "first": first, "next": nxt, "next_cached": cached(answer),
                       "next_answer": decided_tokens(answer)}
+    out["controls"] = controls.references(ref, BS + 2)
     return out
 
 
@@ -324,3 +327,20 @@ def test_a_failed_read_on_the_pre_032_path_is_computed_on_the_decoder(engines, r
     """The same dead-prefiller READ on vLLM < 0.32's way of reporting loads (forced on this release); placed
     last, beside the other d_legacy test, so the engines restart once."""
     dead_prefiller_read(engines, reference, "d_legacy")
+
+
+@pytest.mark.parametrize("control", controls.KINDS)
+def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(engines, reference, control):
+    """The next turn straight to D, from a boundary whose shipped bytes were spoiled (tests/support/controls.py):
+    D's answer must move away from one engine's. From healthy bytes it stays within the tolerance. Placed last:
+    D, then the decoder that zeroes what it reads, start once each."""
+    decoder = "d_zero" if control == "zeroed state" else "d"
+    urls = engines.up("p", decoder)
+    moved = controls.check(urls["p"], urls[decoder], controls.group_kinds(engines.logs["p"]), reference["controls"],
+                           control, BS)
+    controls.report("qwen3_next", moved)
+    if control == "healthy":
+        PARITY["qwen3_next: decoder-alone turn, control prompt"] = moved.top1_delta
+        assert moved.same_greedy and moved.top1_delta <= LOGPROB_TOL, moved
+    else:
+        controls.assert_moved(moved)

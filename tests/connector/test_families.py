@@ -17,8 +17,11 @@ import pytest
 
 from hybrid_pd.prefill.tiny_families import FAMILY_VLLM_ARGS
 from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+from tests.support import controls
 from tests.support.conversation import (
     ANSWER_TOKENS,
+    LOGPROB_TOL,
+    PARITY,
     assert_same_greedy,
     cached,
     complete,
@@ -37,6 +40,9 @@ FAMILIES = os.environ.get("HYBRID_PD_TEST_FAMILIES", "lfm2,qwen3_5").split(",")
 # no CPU build: there its engines import a stand-in that fails if called (they are sent text only)
 NO_TORCHVISION = Path(__file__).parents[1] / "support" / "no_torchvision"
 PYTHONPATH = os.pathsep.join(filter(None, (str(NO_TORCHVISION), os.environ.get("PYTHONPATH"))))
+# LFM2's state is the last 3 inputs of each short convolution: it reaches 3 tokens past the boundary, no further,
+# so its controls' next turn is the prompt again (D computes its last 2 tokens from the boundary)
+CONTROL_TAIL_WORDS = {"lfm2": 0}
 FAMILY_ENV = {"qwen3_5": {"PYTHONPATH": PYTHONPATH}} if importlib.util.find_spec("torchvision") is None else {}
 
 
@@ -56,6 +62,7 @@ def family(request, launch):
         "p_n1": ("prefill", "hybrid", "0", model,
                  {"HYBRID_PD_LEASE_S": "10", "HYBRID_PD_PREFILL_TO_BOUNDARY": "0", **env}),
         "d": ("decode", "hybrid", "1", model, env),
+        "d_zero": ("decode", "hybrid", "1", model, controls.ZERO_STATE_ENV | env),  # zeroes every state it reads
     }, FAMILY_VLLM_ARGS.get(request.param, ()))
     ref = engines.up("ref")["ref"]
     block = aligned_block(engines, "ref")
@@ -78,7 +85,8 @@ def family(request, launch):
     yield {"name": request.param, "engines": engines, "block": block, "prompt": prompt, "other": other,
            "pd": greedy_reference(ref, prompt), "fresh": fresh, "fresh_ref": greedy_reference(ref, fresh),
            "ids": ids, "first": first, "next": nxt,
-           "next_cached": cached(answer), "next_answer": decided_tokens(answer)}
+           "next_cached": cached(answer), "next_answer": decided_tokens(answer),
+           "controls": controls.references(ref, n, CONTROL_TAIL_WORDS.get(request.param, controls.TAIL_WORDS))}
     for name in list(engines.running):
         engines.running.pop(name).stop()
 
@@ -124,3 +132,19 @@ def test_next_turn_straight_to_decoder_hits_the_boundary_p_computed_and_answers_
     print(f"\n{family['name']}: block {family['block']}, D resumes at {boundary}; next turn on D: {cached(resp)} "
           f"cached (one engine: {family['next_cached']}), {compared} of {ANSWER_TOKENS} decided tokens equal")
     assert cached(resp) >= boundary and cached(resp) >= family["next_cached"]
+
+
+@pytest.mark.parametrize("control", controls.KINDS)
+def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(family, control):
+    """The next turn straight to D, from a boundary whose shipped bytes were spoiled (tests/support/controls.py):
+    D's answer must move away from one engine's. From healthy bytes it stays within the tolerance."""
+    decoder = "d_zero" if control == "zeroed state" else "d"
+    urls = family["engines"].up("p", decoder)
+    kinds = controls.group_kinds(family["engines"].logs["p"])
+    moved = controls.check(urls["p"], urls[decoder], kinds, family["controls"], control, family["block"])
+    controls.report(family["name"], moved)
+    if control == "healthy":
+        PARITY[f"{family['name']}: decoder-alone turn, control prompt"] = moved.top1_delta
+        assert moved.same_greedy and moved.top1_delta <= LOGPROB_TOL, moved
+    else:
+        controls.assert_moved(moved)
