@@ -7,11 +7,13 @@ chat template. Nothing is downloaded.
 Decided outputs: a random model's next-token distribution is nearly flat (its two best tokens are within
 0.01 nats on ~10% of greedy steps), so two engines that round differently pick different tokens and an
 output comparison stops at the first such near-tie. Each model is therefore trained briefly (`train_steps`,
-about a minute on one CPU core) on an offline corpus whose next word is a fixed function of the previous two
-(a table drawn from the seed, with 15% random words so that any word sequence is in distribution). Greedy
-continuations then win by ~4 nats, far above bf16 rounding, and they still depend on the KV cache and the
-recurrent state of the prompt: the two previous words of the first generated token live there. Another seed
-gives another table and other weights (the negative control of the output tests).
+about a minute on one CPU core) on an offline corpus whose next word is a fixed function of the last word and
+the third last (a table drawn from the seed, with 15% random words so that any word sequence is in
+distribution). Greedy continuations then win by several nats, far above bf16 rounding, and they depend on the
+KV cache and the recurrent state of the prompt: where D computes the last two prompt tokens after a boundary
+(tests/support/controls.py), the third last word of the first generated token lives only in what P shipped,
+and every later word follows from that first one. Another seed gives another table and other weights (the
+negative control of the output tests).
 
 The build is deterministic on a given machine (fixed seeds and thread count): the same spec gives the same
 bytes, and the folder is cached on disk under a name derived from the spec, so every process finds the same
@@ -33,8 +35,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # for annotations only: the launchers import this module, torch loads slowly
-    import random
-
     import torch
 
 CACHE_ROOT = Path(os.environ.get("HYBRID_PD_CACHE", Path.home() / ".cache" / "hybrid-pd"))
@@ -112,18 +112,13 @@ def _build_tokenizer(spec: TinyModelSpec, out: Path) -> int:
 
 
 class Corpus:
-    """Documents whose continuation rule is chosen by their first word and shown again by every transition.
+    """Word sequences whose next word is `table[third last][last]` (85%) or a random word (15%), drawn from `seed`.
 
-    RULES tables, drawn from `seed`, map a word to its successor. A document's first word (the key) picks one
-    table by `rule_of`; every later word is that table's successor of the word before it with probability
-    1 - DECOY, and the other table's successor otherwise. Every transition is thus consistent with some table:
-    which one rules a document is told by its key and by the balance of its transitions, information spread
-    over the whole prompt that reaches a later token only through the recurrent state and attention. With the
-    right rule the next word wins by ln((1 - DECOY) / DECOY) = 0.85 nats (and by more once the model is sure);
-    a prompt whose state or KV carries another document's rule continues with the other table."""
+    The third last word, not the second: D computes the last two prompt tokens after a boundary it resumes from,
+    so the first word it answers depends on a word that only P's bytes carry (its KV and the recurrent or
+    convolution state at the boundary), and every later word on that first one."""
 
-    RULES = 2
-    DECOY = 0.3
+    NOISE = 0.15
 
     def __init__(self, seed: int):
         import random
@@ -131,26 +126,18 @@ class Corpus:
         self.words = sorted(set(WORDS))
         self.rng = random.Random(f"corpus-{seed}")
         n = len(self.words)
-        self.tables = [[self.rng.randrange(n) for _ in range(n)] for _ in range(self.RULES)]
-        order = list(range(n))
-        self.rng.shuffle(order)
-        self.rule_of = [0] * n
-        for rank, word in enumerate(order):
-            self.rule_of[word] = rank % self.RULES
+        self.table = [[self.rng.randrange(n) for _ in range(n)] for _ in range(n)]
 
-    def document(self, n_words: int, first: str | None = None, rng: random.Random | None = None) -> str:
-        """`n_words` words from the corpus's own draws, or from `rng`; `first`: the key (else drawn)."""
-        n, rng = len(self.words), rng or self.rng
-        out = [rng.randrange(n) if first is None else self.words.index(first)]
-        rule = self.rule_of[out[0]]
+    def document(self, n_words: int) -> str:
+        n, rng = len(self.words), self.rng
+        out = [rng.randrange(n), rng.randrange(n), rng.randrange(n)]
         while len(out) < n_words:
-            table = self.tables[1 - rule if rng.random() < self.DECOY else rule]
-            out.append(table[out[-1]])
+            out.append(rng.randrange(n) if rng.random() < self.NOISE else self.table[out[-3]][out[-1]])
         return " " + " ".join(self.words[i] for i in out)
 
 
-def _train(model: torch.nn.Module, tokenizer_dir: Path, spec: TinyModelSpec, batch: int = 8, seq: int = 256) -> None:
-    """A brief next-token training on `Corpus(seed)`: sharp greedy outputs that depend on the prompt's first word."""
+def _train(model: torch.nn.Module, tokenizer_dir: Path, spec: TinyModelSpec, batch: int = 8, seq: int = 128) -> None:
+    """A brief next-token training on `Corpus(seed)`: sharp, context-dependent greedy outputs."""
     import torch
     from transformers import AutoTokenizer
 

