@@ -28,6 +28,8 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
                         HYBRID_PD_TEST_CORRUPT_READS   0          tests only: D flips a byte in the first landed
                                                                   block of each run of its first N loads, before
                                                                   it checks them
+                        HYBRID_PD_TEST_CORRUPT_KIND    flip       tests only: `flip` as above, or `zero-state`:
+                                                                  zero every landed Mamba block instead
                         HYBRID_PD_TRANSFER_RESULTS     (unset)    `legacy`: vLLM < 0.32's failed-load path
                         VLLM_SSM_CONV_STATE_LAYOUT     (unset)    must be DS for a model with Mamba groups
 
@@ -50,6 +52,7 @@ from hybrid_pd.connector.transport import nixl_backend
 
 T = TypeVar("T")
 FALSE_WORDS = ("0", "false", "no")
+CORRUPT_KINDS = ("flip", "zero-state")  # the test hook's ways of spoiling landed bytes
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class ConnectorConfig:
     prefill_to_boundary: bool = True
     kv_digests: float = 1.0
     test_corrupt_reads: int = 0
+    test_corrupt_kind: str = "flip"
 
     @classmethod
     def from_sources(cls, extra: Mapping[str, Any], env: Mapping[str, str]) -> ConnectorConfig:
@@ -93,6 +97,7 @@ class ConnectorConfig:
             prefill_to_boundary=setting("prefill_to_boundary", "HYBRID_PD_PREFILL_TO_BOUNDARY", True, _flag),
             kv_digests=setting("kv_digests", "HYBRID_PD_KV_DIGESTS", 1.0, float),
             test_corrupt_reads=setting(None, "HYBRID_PD_TEST_CORRUPT_READS", 0, int),
+            test_corrupt_kind=env.get("HYBRID_PD_TEST_CORRUPT_KIND", "flip"),
             nixl_backend=nixl_backend(extra, env),  # checked in both roles: a typo fails at start-up
             progress_thread=setting("progress_thread", "HYBRID_PD_NIXL_PROGRESS_THREAD", True, _flag),
             idle_wait_ms=setting("idle_wait_ms", "HYBRID_PD_IDLE_WAIT_MS", 0.0, float),
@@ -106,6 +111,9 @@ class ConnectorConfig:
                 raise ConfigurationError(f"{name}={value}: must be > 0 seconds")
         if not 0 <= config.kv_digests <= 1:
             raise ConfigurationError(f"kv_digests={config.kv_digests}: must be a fraction 0-1 (1: every block, 0: off)")
+        if config.test_corrupt_kind not in CORRUPT_KINDS:
+            kind = config.test_corrupt_kind
+            raise ConfigurationError(f"HYBRID_PD_TEST_CORRUPT_KIND={kind!r}: one of {CORRUPT_KINDS}")
         if config.nixl_delay_us < 0:
             raise ConfigurationError(f"nixl_delay_us={config.nixl_delay_us}: must be >= 0 us")
         if not 0 <= config.idle_wait_ms <= 100:

@@ -268,9 +268,13 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 for t in by_group.get(run.group, ()):
                     t[run.local_start : run.local_start + run.count].zero_()
 
-        def corrupt_blocks(runs) -> None:  # the test hook HYBRID_PD_TEST_CORRUPT_READS
+        def corrupt_blocks(runs) -> None:  # the test hooks HYBRID_PD_TEST_CORRUPT_READS and _KIND
             for run in runs:
-                flip_first_word(by_group[run.group], run.local_start)
+                if self.config.test_corrupt_kind == "flip":
+                    flip_first_word(by_group[run.group], run.local_start)
+                elif self.groups[run.group].kind == "mamba":  # zero-state: the state D resumes from is all zeros
+                    for t in by_group[run.group]:
+                        t[run.local_start : run.local_start + run.count].zero_()
 
         self.worker = WorkerSide(
             transport,

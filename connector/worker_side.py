@@ -105,7 +105,7 @@ class WorkerSide:
         # checks `verify_fraction` of the blocks each READ landed before it reports the load done
         self._digest, self.algorithm, self.verify_fraction = digest, algorithm, verify_fraction
         self._to_digest: dict[str, list[list[int]]] = {}
-        # tests only: flip bytes in the landed blocks of the first `corrupt_reads` loads, before the check
+        # tests only: spoil bytes in the landed blocks of the first `corrupt_reads` loads, before the check
         self._corrupt_reads, self._corrupt_blocks = corrupt_reads, corrupt_blocks
 
     # ---- D: loads ---------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ class WorkerSide:
         assert plan is not None, "only a job with a plan lands"
         if self._corrupt_reads > 0 and self._corrupt_blocks is not None:
             self._corrupt_reads -= 1
-            log.warning("request %s: test hook HYBRID_PD_TEST_CORRUPT_READS flips bytes it landed", job.request_id)
+            log.warning("request %s: test hook HYBRID_PD_TEST_CORRUPT_READS spoils bytes it landed", job.request_id)
             self._corrupt_blocks(plan.runs)
         expected = job.remote.digests
         if expected is None or self._digest is None or self.verify_fraction <= 0:

