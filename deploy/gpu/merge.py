@@ -208,6 +208,9 @@ def merge(folder: Path, headline: int) -> dict:
     ratios["pd_overhead_ms_c1_upstream"] = pd_tax(phases, "upstream")
     ratios["prefill_vs_upstream_prefill"] = prefill_vs_upstream(folder, "hybrid")
     ratios["prefill_vs_upstream_prefill_same_work"] = prefill_vs_upstream(folder, "hybrid-full")
+    extra = folder / "extra_ratios.json"  # figures measured elsewhere (e.g. the CPU bed), each with its source
+    if extra.exists():
+        ratios.update({k: v["value"] for k, v in json.loads(extra.read_text()).items()})
     return {"ratios": ratios, "ratio_basis": {"headline_length": headline, "throughput_concurrency": top,
                                               "dlocal_turns": len(dlocal), "transfers_compared": len(xfer_ratio)},
             "equal_to_colocated": equal,
