@@ -127,8 +127,8 @@ class DisaggConfig:
         "always-remote (upstream's toy proxy); isl-bounding (Dynamo's conditional disaggregation: the decoder "
         "alone under --isl-max-tokens and --isl-ratio of uncached input); non-cached-tokens (llm-d's prefix-based "
         "PD decider: a prefiller from --non-cached-tokens uncached tokens); hit-ratio (deprecated: the "
-        "decoder alone from --decoder-hit-ratio of the prompt, 0.8 unless given). The peers' deciders read attention-only hits, as "
-        "theirs do. auto: ours, or hit-ratio where --decoder-hit-ratio is given",
+        "decoder alone from --decoder-hit-ratio of the prompt, 0.8 unless given). The peers' deciders read "
+        "attention-only hits, as theirs do. auto: ours, or hit-ratio where --decoder-hit-ratio is given",
         choices=PD_POLICIES,
         check=one_of(*PD_POLICIES),
     )
