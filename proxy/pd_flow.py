@@ -129,7 +129,7 @@ class PDFlow:
         prompt_tokens = len(context.token_ids) if context.token_ids else None
         prefillers = self.pool.admitted("prefill")
         block = aligned_block(self.state.kv_index.specs)
-        turn.streams = decoder.load  # every proxy's streams where D's /metrics are read
+        turn.streams = decoder.streams  # every proxy's streams where D's /metrics are read
         turn.decided = time.perf_counter()
         gated = gate(
             cfg,
@@ -164,8 +164,8 @@ class PDFlow:
         """placement.place over the decoder and every admitted prefiller, with their joint hits (0 where the index
         knows none) and loads, at the rates learned so far."""
         hits = all_hits(self.state.deps, context) if self.state.kv_index.workers else {}
-        d = WorkerView(decoder.url, hits.get(decoder.url, 0), decoder.load)
-        ps = [WorkerView(p.url, hits.get(p.url, 0), p.load, p.queued_tokens) for p in prefillers]
+        d = WorkerView(decoder.url, hits.get(decoder.url, 0), decoder.streams)
+        ps = [WorkerView(p.url, hits.get(p.url, 0), p.streams, p.queued_tokens) for p in prefillers]
         itl_slo = self.config.disagg.itl_slo_ms
         return place(prompt_tokens, d, ps, self.state.rates.rates, itl_slo_ms=itl_slo, aligned_block=block)
 

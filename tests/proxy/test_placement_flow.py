@@ -104,3 +104,16 @@ def test_the_rates_learn_from_streamed_turns():
             assert metric_value(m, "hybrid_pd_proxy_placement_observations", fit="prefill") == 3
             assert metric_value(m, "hybrid_pd_proxy_placement_rate", rate="hop_ms") == 24.4  # no PD turn yet
     run(body())
+
+
+def test_a_turn_right_after_another_does_not_see_it_running():
+    """Worker.streams (what placement reads): the engine's figures, plus this proxy's requests sent since they
+    were read, less those that ended since (Worker.load, for routing, keeps counting them until the next read)."""
+    from hybrid_pd.proxy.workers import EngineLoad, Worker, WorkerPool
+
+    w = Worker("http://d", "decode", engine=EngineLoad(running=1, waiting=0))
+    with WorkerPool.busy(w):
+        assert w.streams == 2 and w.load == 2
+    assert w.streams == 1 and w.load == 2
+    w.engine, w.sent_since_read, w.done_since_read = None, 0, 0
+    assert w.streams == 0
