@@ -34,6 +34,9 @@ from D to a prefiller; a worker that cannot serve is never an option. This holds
 whose prefill costs at least what reading its KV costs (per_token >= kv_mb_per_token * read_ms_per_mb; on every
 GPU we measured, by two orders of magnitude).
 
+In the proxy (pd_flow.py) the choice is D alone or remote; a remote turn's prefiller is then the prefill router's
+pick, as with every policy (with kv_hit or queue_cost routing it is the option's P_i or one as warm).
+
 Priors (PRIORS) come from our GPU results; `placement_online.OnlineRates` updates them from the proxy's own
 observations. This module imports nothing of the proxy: the fleet simulator imports it as is.
 """

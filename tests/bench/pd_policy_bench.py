@@ -3,13 +3,16 @@ proxy), Dynamo's isl-bounding and llm-d's non-cached-tokens, each as `--pd-polic
 
 One P (core 0) and one D (core 1), our connector, KV events on; one proxy at a time in front of them, restarted
 per policy and round (rounds alternate the order). Each round runs its own agent sessions (fresh text: nothing
-of another policy's cached): turn 0 a 300-word prompt, turn k+1 = turn k + D's answer (its token ids) + new
-words, alternating a short tool result (15 words) and a long one (120 words). `--concurrency` sessions at once.
+of another policy's cached): turn 0 a 500-word prompt, turn k+1 = turn k + D's answer (its token ids) + new
+words, alternating a short tool result (15 words) and a long one (200 words); with `--suffix-words`, every turn
+ends with a fixed instruction that the next one does not keep (it diverges where the suffix began: the agent
+loop of issue 29, point 4). `--concurrency` sessions at once.
 Per policy: TTFT p50/p90, the share of turns D served alone, P calls, bytes D pulled, hybrid misroutes and the
 tokens they recomputed, index mispredictions (proxy metrics), and the placement model's learned rates.
 
-    bash deploy/dev.sh run python -m tests.bench.pd_policy_bench [--sessions 3] [--turns 5] [--rounds 2]
-        [--concurrency 1] [--policies ours,always-remote,isl-bounding,non-cached-tokens] [--out FILE.json]
+    bash deploy/dev.sh run python -m tests.bench.pd_policy_bench [--sessions 3] [--turns 6] [--rounds 2]
+        [--concurrency 1] [--suffix-words 0] [--policies ours,always-remote,isl-bounding,non-cached-tokens]
+        [--itl-slo-ms 0] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scra
 
 POLICIES = ("ours", "always-remote", "isl-bounding", "non-cached-tokens")
 ANSWER = 8
+FIRST_WORDS, SHORT_TOOL, LONG_TOOL = 500, 15, 200
 
 
 def stream_turn(url: str, prompt: list[int]) -> tuple[float, list[int], dict]:
@@ -54,18 +58,22 @@ def stream_turn(url: str, prompt: list[int]) -> tuple[float, list[int], dict]:
     return ttft, ids, usage | {"text": "".join(text)}
 
 
-def session(proxy: str, decode: str, salt: int, turns: int) -> list[dict]:
-    prompt = tokenize(decode, text_of(300, salt))
+def session(proxy: str, decode: str, salt: int, turns: int, suffix_words: int) -> list[dict]:
+    """An agent's turns: its history (+ a fixed instruction suffix, re-sent at the end of every turn and not
+    kept: the next turn diverges where it began), then D's answer and a tool result join the history."""
+    history = tokenize(decode, text_of(FIRST_WORDS, salt))
+    suffix = tokenize(decode, " " + text_of(suffix_words, 99)) if suffix_words else []
     out = []
     for k in range(turns):
+        prompt = history + suffix
         ttft, answer, usage = stream_turn(proxy, prompt)
         if not answer:  # no token ids in the stream: its text, re-tokenized
             answer = tokenize(decode, usage["text"])
         hp = usage.get("hybrid_pd") or {}
         out.append({"turn": k, "prompt_tokens": len(prompt), "ttft_s": ttft, "computed_on": hp.get("computed_on"),
                     "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)})
-        words = 15 if k % 2 == 0 else 120
-        prompt = prompt + answer + tokenize(decode, " " + text_of(words, salt * 100 + k))
+        words = SHORT_TOOL if k % 2 == 0 else LONG_TOOL
+        history = history + answer + tokenize(decode, " " + text_of(words, salt * 100 + k))
     return out
 
 
@@ -88,9 +96,10 @@ def rates(url: str) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=3)
-    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--suffix-words", type=int, default=0, help="a fixed instruction after each turn's history")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--itl-slo-ms", default="0")
     ap.add_argument("--out", default="")
@@ -133,7 +142,7 @@ def main() -> None:
                 seeds = [7_000_000 + 1000 * (salt + i) for i in range(1, args.sessions + 1)]
                 salt += args.sessions
                 with ThreadPoolExecutor(args.concurrency) as pool:
-                    jobs = [(proxy.url, workers["d"].url, seed, args.turns) for seed in seeds]
+                    jobs = [(proxy.url, workers["d"].url, seed, args.turns, args.suffix_words) for seed in seeds]
                     for turns in pool.map(lambda job: session(*job), jobs):
                         results[policy]["turns"] += turns
                 after = proxy_figures(proxy.url)
@@ -144,7 +153,7 @@ def main() -> None:
                 proxy.stop()
                 procs.remove(proxy)
         print(f"\nsessions {args.sessions} x turns {args.turns} x rounds {args.rounds}, concurrency "
-              f"{args.concurrency}, --itl-slo-ms {args.itl_slo_ms}")
+              f"{args.concurrency}, suffix {args.suffix_words} words, --itl-slo-ms {args.itl_slo_ms}")
         print("| policy | turns | TTFT p50 ms | TTFT p90 ms | D alone | P calls | MB pulled | hybrid misroutes "
               "(tokens recomputed) | index mispredictions (tokens) |")
         print("|---|---|---|---|---|---|---|---|---|")
