@@ -58,7 +58,9 @@ def parse(text: str) -> EngineLoad | None:
 async def read_once(state: ProxyState) -> None:
     workers = state.pool.all()
     sent = [w.sent_since_read for w in workers]  # requests sent before the read: the engine may count them
+    done = [w.done_since_read for w in workers]  # and those that ended before it: it does not
     texts = await asyncio.gather(*(state.upstream.get_text(w.url, "/metrics") for w in workers))
-    for w, before, text in zip(workers, sent, texts):
+    for w, before, ended, text in zip(workers, sent, done, texts):
         w.engine = parse(text) if text else None
         w.sent_since_read = max(0, w.sent_since_read - before)
+        w.done_since_read = max(0, w.done_since_read - ended)

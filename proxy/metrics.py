@@ -173,6 +173,37 @@ class ProxyMetrics:
             ("kind",),
         )
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of answered requests")
+        self.hit_mispredictions = Counter(
+            P + "hit_mispredictions",
+            "Turns where the KV index promised a worker a larger hit than the worker's own cached_tokens: "
+            "decode (a turn the decoder served alone; it still completes there) or prefill (P's call)",
+            ("role",),
+        )
+        self.hit_mispredicted_tokens = Counter(
+            P + "hit_mispredicted_tokens",
+            "Prompt tokens the index counted as cached on a worker that computed them (by role)",
+            ("role",),
+        )
+        self.hybrid_misroutes = Counter(
+            P + "hybrid_misroutes",
+            "Turns the decider let the decoder compute for a hit it counted over attention blocks past the "
+            "decoder's last checkpoint there (the peers' attention-only deciders), by --pd-policy",
+            ("policy",),
+        )
+        self.hybrid_misroute_tokens = Counter(
+            P + "hybrid_misroute_recomputed_tokens",
+            "Prompt tokens the decoder recomputed on those turns (held as attention blocks, no checkpoint)",
+            ("policy",),
+        )
+        self.placement_rates = Gauge(
+            P + "placement_rate",
+            "The placement model's rates now (placement.py: ms, MB, tokens), priors moved by this proxy's own "
+            "observations",
+            ("rate",),
+        )
+        self.placement_observations = Gauge(
+            P + "placement_observations", "Observations each of the placement model's fits has taken", ("fit",)
+        )
         self.abandoned_prefills = Counter(
             P + "abandoned_prefills",
             "P calls left to finish alone (client gone or total timeout); P's blocks are freed by its own lease",
@@ -232,6 +263,14 @@ class FlowRecorder:
 
     def hit(self, kind: str, tokens: int) -> None:
         self.metrics.hit_tokens.labels(kind).inc(tokens)
+
+    def misroute(self, policy: str, tokens: int) -> None:
+        self.metrics.hybrid_misroutes.labels(policy).inc()
+        self.metrics.hybrid_misroute_tokens.labels(policy).inc(tokens)
+
+    def misprediction(self, role: str, tokens: int) -> None:
+        self.metrics.hit_mispredictions.labels(role).inc()
+        self.metrics.hit_mispredicted_tokens.labels(role).inc(tokens)
 
     def stage(self, stage: str, seconds: float) -> None:
         self.metrics.stage_latency.labels(stage).observe(seconds)

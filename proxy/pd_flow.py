@@ -24,21 +24,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .disagg import REMOTE, REMOTE_DECODER_BUSY, decide
+from .disagg import decide, gate, is_remote
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .handshakes import DECODER_KNOWS, HandshakeMemo
 from .http.request import Request
 from .kv.groups import aligned_block
 from .metrics import FlowRecorder
 from .openai_api import OpenAIRequest
+from .placement import Placement, WorkerView, local_steps, place
 from .relay import relay_json, relay_sse
 from .routing import RequestContext
-from .routing.kv_hit import hit_tokens
+from .routing.kv_hit import all_hits, attention_hits, hit_tokens
 from .routing.queue_cost import uncached_tokens
 from .state import ProxyState
 from .timers import time_left
 from .upstream import LeaveBehind
-from .usage import fix_usage, prefill_hit
+from .usage import breakdown, fix_usage, prefill_hit, reported_cached
 from .workers import Role, Worker
 
 log = logging.getLogger("hybrid_pd.proxy")
@@ -68,6 +69,14 @@ class Turn:
     prefill_hit: int | None = None  # P's own prefix hit (P's cached_tokens)
     decoder_hit: int | None = None  # D's own hit as the KV index sees it (remote prefill only)
     decoder: Worker | None = None  # the decoder picked first (P is told whether it knows P's handshake)
+    decided: float = 0.0  # time.perf_counter() when the decision was taken (what placement predicts from)
+    placement: Placement | None = None  # policy ours: the model's prediction
+    streams: float = 0.0  # the decoder's streams when the decision was taken
+    prefiller: Worker | None = None  # the prefiller that answered
+    prefill_ms: float | None = None  # its call, as this proxy saw it
+    prefill_alone: bool = False  # nothing else of this proxy's was on it meanwhile (its call times a prefill)
+    reported_hit: int | None = None  # D's own cached_tokens on a turn it served alone (its answer's usage)
+    first_byte: float | None = None  # time.perf_counter() of the first streamed byte
 
 
 class PDFlow:
@@ -78,6 +87,11 @@ class PDFlow:
         self.upstream = state.upstream
         self.record = FlowRecorder(state.metrics)
         self.handshakes = HandshakeMemo()
+        if self.config.disagg.pd_policy == "hit-ratio":
+            log.warning(
+                "--decoder-hit-ratio selects the deprecated --pd-policy hit-ratio (a share of the prompt on the "
+                "decoder); the default policy (ours) places each turn by its predicted TTFT (proxy/placement.py)"
+            )
         # The serving loop, bound at the first request; passed down rather than asked for (on Python 3.11 each
         # asyncio.get_running_loop() is a getpid system call: ten of them were 4% of the CPU per request).
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -103,26 +117,107 @@ class PDFlow:
         if self.config.tokenize and context.token_ids is None and body.single_prompt:
             context.token_ids = body.token_ids = await self._tokenize(turn)
         decoder = turn.decoder = self._pick("decode", context)
-        decision = decide(
-            self.config.disagg,
-            eligible=body.single_prompt,
-            has_prefillers=bool(self.pool.all("prefill")),
-            prompt_chars=body.prompt_chars,
-            prompt_tokens=len(context.token_ids) if context.token_ids else None,
-            decoder_hit=self._decoder_hit(context, decoder),
-            aligned_block=aligned_block(self.state.kv_index.specs),
-            decoder_busy=round(decoder.load),  # every proxy's streams where D's /metrics are read
-            prefill_hit=self._best_prefill_hit(context),
-        )
+        decision = self._decide(turn, decoder)
         self.record.decision(decision)
-        if decision in (REMOTE, REMOTE_DECODER_BUSY):
+        if is_remote(decision):
             await self._prefill(turn)
             if turn.transfer_params is not None:
                 turn.decoder_hit = context.hits.get(decoder.url)
+        self._misroute(turn, decoder, decision)
         await self._decode(turn, decoder)
         self.record.latency(body.endpoint, time.perf_counter() - started)
+        self._learn(turn)
 
     # ---- steps --------------------------------------------------------------------------------------------
+    def _decide(self, turn: Turn, decoder: Worker) -> str:
+        """The policy's decision (disagg.py); the placement model runs only past the shared gates."""
+        cfg, context, body = self.config.disagg, turn.context, turn.body
+        prompt_tokens = len(context.token_ids) if context.token_ids else None
+        prefillers = self.pool.admitted("prefill")
+        block = aligned_block(self.state.kv_index.specs)
+        turn.streams = decoder.streams  # every proxy's streams where D's /metrics are read
+        turn.decided = time.perf_counter()
+        gated = gate(
+            cfg,
+            eligible=body.single_prompt,
+            has_prefillers=bool(self.pool.all("prefill")),
+            prompt_chars=body.prompt_chars,
+            prompt_tokens=prompt_tokens,
+        )
+        policy, attention_hit = cfg.pd_policy, None
+        if gated is None and prompt_tokens is not None:
+            if policy == "ours" and prefillers:
+                turn.placement = self._place(context, decoder, prefillers, prompt_tokens, block)
+            elif policy in ("isl-bounding", "non-cached-tokens") and self.state.kv_index.workers:
+                attention_hit = attention_hits(self.state.deps, context).get(decoder.url, 0)
+        return decide(
+            cfg,
+            eligible=body.single_prompt,
+            has_prefillers=bool(self.pool.all("prefill")),
+            prompt_chars=body.prompt_chars,
+            prompt_tokens=prompt_tokens,
+            decoder_hit=self._decoder_hit(context, decoder),
+            aligned_block=block,
+            decoder_busy=round(decoder.load),
+            prefill_hit=self._best_prefill_hit(context) if policy == "hit-ratio" else None,
+            placement=turn.placement,
+            attention_hit=attention_hit,
+        )
+
+    def _place(
+        self, context: RequestContext, decoder: Worker, prefillers: list[Worker], prompt_tokens: int, block: int
+    ) -> Placement:
+        """placement.place over the decoder and every admitted prefiller, with their joint hits (0 where the index
+        knows none) and loads, at the rates learned so far."""
+        hits = all_hits(self.state.deps, context) if self.state.kv_index.workers else {}
+        d = WorkerView(decoder.url, hits.get(decoder.url, 0), decoder.streams)
+        ps = [WorkerView(p.url, hits.get(p.url, 0), p.streams, p.queued_tokens) for p in prefillers]
+        itl_slo = self.config.disagg.itl_slo_ms
+        return place(prompt_tokens, d, ps, self.state.rates.rates, itl_slo_ms=itl_slo, aligned_block=block)
+
+    def _misroute(self, turn: Turn, decoder: Worker, decision: str) -> None:
+        """A hybrid misroute: the decider let D compute the prompt for a hit it counted over attention blocks
+        alone, past D's last checkpoint there (the peers' deciders read attention-only hits; ours and hit-ratio
+        the joint one, so theirs is never one). Counted with the tokens D recomputes for it."""
+        policy = self.config.disagg.pd_policy
+        attention = turn.context.attention_hits
+        if is_remote(decision) and turn.transfer_params is not None or attention is None:
+            return
+        joint = turn.context.hits.get(decoder.url) if turn.context.hits_known else None
+        if joint is None:
+            joint = hit_tokens(self.state.deps, turn.context, decoder)
+        over = attention.get(decoder.url, 0) - joint
+        if over > 0:
+            self.record.misroute(policy, over)
+
+    def _learn(self, turn: Turn) -> None:
+        """Feed the placement model's rates with what this turn showed (placement_online.py): P's call as a
+        prefill; a streamed turn D served alone (its TTFT) as one; what a PD turn's TTFT had beyond P's call as
+        the hop; the streamed answer's inter-token time as D's step at its batch."""
+        n = len(turn.context.token_ids or ())
+        if n < 2:
+            return
+        rates = self.state.rates
+        r = rates.rates
+        block = aligned_block(self.state.kv_index.specs)
+        ttft = (turn.first_byte - turn.decided) * 1000 if turn.first_byte is not None else None
+        if turn.mode == REMOTE_PREFILL and turn.prefill_ms is not None:
+            tail = n - ((n - 1) // block) * block if block > 0 else 1
+            p_hit = min(turn.prefill_hit or 0, n - tail)
+            computed = max(n - tail - p_hit, 1)
+            if turn.prefill_alone:
+                rates.observe_prefill(computed, p_hit, r.chunks(computed), turn.prefill_ms)
+            if ttft is not None:
+                d_hit = min(turn.decoder_hit or 0, n - tail)
+                read = ((n - tail - d_hit) * r.kv_mb_per_token + r.checkpoint_mb) * r.read_ms_per_mb
+                tail_ms = tail * r.prefill_ms_per_token
+                rates.observe_hop(ttft - turn.prefill_ms - read - r.step(turn.streams + 1) - tail_ms)
+        elif turn.mode == LOCAL_PREFILL and ttft is not None and turn.placement is not None:
+            hit = turn.reported_hit if turn.reported_hit is not None else n - turn.placement.options[0].decoder_tokens
+            hit = min(max(hit, 0), n - 1)
+            steps = local_steps(n, hit, block, r.chunk_tokens)
+            rates.observe_prefill(n - hit, hit, steps, ttft - steps * r.step_ms_per_seq * turn.streams)
+
     def _time_left(self, turn: Turn) -> float:
         assert self.loop is not None
         return time_left(self.loop, turn.deadline)
@@ -222,8 +317,12 @@ class PDFlow:
             return self._fallback(turn, "no_kv_transfer_params")
         self.handshakes.seen(prefiller.url, params)
         turn.mode, turn.transfer_params, turn.prefill_hit = REMOTE_PREFILL, params, prefill_hit(answer)
+        turn.prefiller = prefiller
         if turn.prefill_hit is not None:
             self.record.hit("prefill_cached", turn.prefill_hit)
+            predicted = turn.context.hits.get(prefiller.url) if turn.context.hits_known else None
+            if predicted is not None and predicted > turn.prefill_hit:
+                self.record.misprediction("prefill", predicted - turn.prefill_hit)
 
     async def _call_prefill(self, turn: Turn, prefiller: Worker) -> Any:
         """P's answer, awaited in the request's own task. Leaving early (the client went, or the total deadline
@@ -238,6 +337,7 @@ class PDFlow:
             if known is not None:
                 body["kv_transfer_params"][DECODER_KNOWS] = known
         began = time.perf_counter()
+        turn.prefill_alone = prefiller.in_flight == 0
         with self.pool.busy(prefiller, uncached_tokens(self.state.deps, turn.context, prefiller)) as busy:
             leave = LeaveBehind(self.loop.time() + prefill_s, busy.release)
             try:
@@ -257,7 +357,10 @@ class PDFlow:
             finally:
                 if leave.taken:
                     busy.keep()  # until the answer left behind is read or dropped
-                self.record.stage("prefill", time.perf_counter() - began)
+                took = time.perf_counter() - began
+                turn.prefill_ms = took * 1000
+                turn.prefill_alone = turn.prefill_alone and prefiller.in_flight == 1
+                self.record.stage("prefill", took)
 
     def _fallback(self, turn: Turn, reason: str) -> None:
         log.info("remote prefill skipped: %s; serving decode-only", reason)
@@ -270,13 +373,22 @@ class PDFlow:
         if turn.decoder_hit:
             self.record.hit("decoder_local", turn.decoder_hit)
 
+        split = self.config.disagg.usage_breakdown
+
         def fix(chunk: dict[str, Any]) -> int | None:
-            if turn.transfer_params is None:
+            if turn.transfer_params is None:  # D served it alone: its own figure is the truth
+                turn.reported_hit = reported_cached(chunk)
+                if split and turn.reported_hit is not None:
+                    breakdown(chunk, None, turn.reported_hit, "decode")
                 return None
-            return fix_usage(chunk, turn.prefill_hit, turn.decoder_hit)
+            fixed = fix_usage(chunk, turn.prefill_hit, turn.decoder_hit)
+            if split and fixed is not None:
+                breakdown(chunk, turn.prefill_hit, turn.decoder_hit, "prefill")
+            return fixed
 
         def first_byte_out() -> None:
-            self.record.ttft(endpoint, time.perf_counter() - turn.started)
+            turn.first_byte = time.perf_counter()
+            self.record.ttft(endpoint, turn.first_byte - turn.started)
 
         began = time.perf_counter()
         for attempt in (0, 1):
@@ -321,6 +433,7 @@ class PDFlow:
                             )
                             status = answer.status
                             first_byte_out()
+                            turn.first_byte = None  # a whole answer: its first byte is its last
                             usage = payload.get("usage") if isinstance(payload, dict) else None
                 break
             except UpstreamUnavailable as e:
@@ -332,8 +445,23 @@ class PDFlow:
                 decoder = self._pick("decode", turn.context, exclude=decoder)
         if handshake_to is not None and status < 400:
             self.handshakes.delivered(handshake_to)
-        self.record.stage("decode", time.perf_counter() - began)
+        ended = time.perf_counter()
+        self.record.stage("decode", ended - began)
         self.record.answered(endpoint, turn.mode, status, usage)
+        self._check_decoder_hit(turn, decoder)
+        completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if turn.first_byte is not None and isinstance(completion, int) and completion > 1 and status == 200:
+            self.state.rates.observe_step(turn.streams + 1, (ended - turn.first_byte) * 1000 / (completion - 1))
+
+    def _check_decoder_hit(self, turn: Turn, decoder: Worker) -> None:
+        """Decoder-first: a turn D served alone completes there whatever D really holds (vLLM computes what it
+        lacks). Where the index promised more than D's own cached_tokens, count the misprediction (events that
+        lag, a gap, an eviction not seen yet) and the tokens D computed beyond the prediction."""
+        if turn.transfer_params is not None or turn.reported_hit is None or not turn.context.hits_known:
+            return
+        predicted = turn.context.hits.get(decoder.url)
+        if predicted is not None and predicted > turn.reported_hit:
+            self.record.misprediction("decode", predicted - turn.reported_hit)
 
     def _passive_eject(self, worker: Worker, why: str) -> None:
         """A connection failure ejects at once when health checks run (they bring the worker back)."""

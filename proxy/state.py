@@ -9,6 +9,7 @@ from .config import ProxyConfig
 from .kv.index import KVIndex
 from .kv.prompt_keys import ChainCache
 from .metrics import ProxyMetrics
+from .placement_online import OnlineRates
 from .routing import Deps, Router
 from .tokenizer import LocalTokenizer
 from .upstream import Upstream
@@ -27,6 +28,7 @@ class ProxyState:
     deps: Deps
     decode_router: Router
     prefill_router: Router
+    rates: OnlineRates  # the placement model's (placement.py), learned from this proxy's requests
     tokenizer: LocalTokenizer | None = None  # the model's own tokenizer, once loaded (background.py)
 
     @classmethod
@@ -40,6 +42,11 @@ class ProxyState:
         metrics.worker_prompt_tokens.set_children_function(
             lambda: {(w.role, w.url): w.queued_tokens for w in pool.all()}
         )
+        rates = OnlineRates()
+        metrics.placement_rates.set_children_function(lambda: {(k,): v for k, v in rates.as_dict().items()})
+        metrics.placement_observations.set_children_function(
+            lambda: {(k,): float(v) for k, v in rates.observations.items()}
+        )
         return cls(
             config=config,
             pool=pool,
@@ -51,4 +58,5 @@ class ProxyState:
             deps=deps,
             decode_router=Router("decode", config.routing.decode, deps),
             prefill_router=Router("prefill", config.routing.prefill, deps),
+            rates=rates,
         )

@@ -13,6 +13,14 @@ vLLM 0.32's `remote_prefill_cached_tokens` replaces that with P's hit alone and 
 P_hit is P's own `usage.prompt_tokens_details.cached_tokens` (or `remote_prefill_cached_tokens` in its
 kv_transfer_params); D_local is the KV-event index's usable hit on D (0 when the index is off: the proxy
 then under-reports rather than invent hits). A decode-only request keeps D's own figure: nothing was pulled.
+
+For billing, `usage.hybrid_pd` splits it (`breakdown`; --usage-breakdown, on by default), cached_tokens staying
+the client's truth:
+
+    prefill_cached_tokens   P's own hit (null on a turn D served alone)
+    decoder_cached_tokens   D's own hit: what D reported on a turn it served alone; the index's estimate of
+                            D_local on a PD turn (D's own figure counts the pulled tokens)
+    computed_on             "prefill" (P computed the prompt, D at most its tail) or "decode" (D alone)
 """
 
 from __future__ import annotations
@@ -54,3 +62,22 @@ def fix_usage(response: dict[str, Any], p_hit: int | None, d_local_hit: int | No
     prompt_tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
     details["cached_tokens"] = whole_request_cached_tokens(p_hit, d_local_hit, prompt_tokens)
     return details["cached_tokens"]
+
+
+def breakdown(response: dict[str, Any], p_hit: int | None, d_hit: int | None, computed_on: str) -> None:
+    """Add usage.hybrid_pd to a response (or SSE chunk) that carries usage, in place."""
+    usage = response.get("usage")
+    if isinstance(usage, dict):
+        usage["hybrid_pd"] = {
+            "prefill_cached_tokens": p_hit if computed_on == "prefill" else None,
+            "decoder_cached_tokens": d_hit or 0,
+            "computed_on": computed_on,
+        }
+
+
+def reported_cached(response: dict[str, Any]) -> int | None:
+    """usage.prompt_tokens_details.cached_tokens as the engine reported it (None when absent)."""
+    usage = response.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) else None

@@ -41,6 +41,7 @@ class Worker:
     queued_tokens: int = 0  # uncached prompt tokens of the requests in flight (what it still has to prefill)
     engine: EngineLoad | None = None  # the engine's own figures, last read (None: not read, or unreadable)
     sent_since_read: int = 0  # requests this proxy sent it since `engine` was read
+    done_since_read: int = 0  # requests of this proxy's that ended on it since `engine` was read
     failures: int = 0  # consecutive failed health checks
     successes: int = 0  # consecutive good health checks while ejected
 
@@ -52,6 +53,15 @@ class Worker:
         if self.engine is None:
             return self.in_flight
         return max(self.in_flight, self.engine.running + self.engine.waiting + self.sent_since_read)
+
+    @property
+    def streams(self) -> float:
+        """Requests on this worker now, for placement: `load` less this proxy's requests that ended since the
+        engine's figures were read (a turn right after another must not see the first one as running)."""
+        if self.engine is None:
+            return self.in_flight
+        engine = self.engine.running + self.engine.waiting + self.sent_since_read - self.done_since_read
+        return max(self.in_flight, engine)
 
     def __repr__(self) -> str:
         state = ("" if self.healthy else " ejected") + (" terminating" if self.terminating else "")
@@ -149,4 +159,5 @@ class Busy:
         if self._held:
             self._held = False
             self.worker.in_flight -= 1
+            self.worker.done_since_read += 1
             self.worker.queued_tokens -= self.tokens

@@ -107,6 +107,12 @@ class ProxyConfig:
         for composite in COMPOSITES:
             s = composite.setting
             out += [f"{s.flag} {v!r} {c}" for v in composite.values(self) if s.check and (c := s.check(v))]
+        d = self.disagg
+        if d.decoder_hit_ratio > 0 and d.policy not in ("auto", "hit-ratio"):
+            out.append(
+                f"--decoder-hit-ratio belongs to --pd-policy hit-ratio (deprecated), not {d.policy}: drop it, or "
+                "pass --pd-policy hit-ratio"
+            )
         if self.discovery == "static" and not self.decode:
             out.append("no decode worker: pass --decode URL (repeatable) or --discovery k8s")
         if self.discovery == "k8s" and not self.k8s.api_url and not os.environ.get("KUBERNETES_SERVICE_HOST"):

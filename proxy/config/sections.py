@@ -122,9 +122,34 @@ class KVIndexConfig:
     )
 
 
+PD_POLICIES = ("auto", "ours", "always-remote", "isl-bounding", "non-cached-tokens", "hit-ratio")
+
+
 @dataclass(frozen=True)
 class DisaggConfig:
     enabled: bool = setting(True, "disagg", "remote prefill at all (off: every request is decode-only)", parse=boolean)
+    policy: str = setting(
+        "auto",
+        "pd_policy",
+        "who decides where a turn's prompt is computed, once its decoder is chosen: ours (placement.py: the "
+        "least predicted TTFT within --itl-slo-ms, from every worker's attention + checkpoint hit and load); "
+        "always-remote (upstream's toy proxy); isl-bounding (Dynamo's conditional disaggregation: the decoder "
+        "alone under --isl-max-tokens and --isl-ratio of uncached input); non-cached-tokens (llm-d's prefix-based "
+        "PD decider: a prefiller from --non-cached-tokens uncached tokens); hit-ratio (deprecated: the "
+        "decoder alone from --decoder-hit-ratio of the prompt, 0.8 unless given). The peers' deciders read "
+        "attention-only hits, as theirs do. auto: ours, or hit-ratio where --decoder-hit-ratio is given",
+        choices=PD_POLICIES,
+        check=one_of(*PD_POLICIES),
+    )
+    itl_slo_ms: float = setting(
+        0.0,
+        "itl_slo_ms",
+        "policy ours: the longest inter-token gap a turn may cause the decoder's running streams (its prefill on "
+        "the decoder stalls each of them for about its duration); within it, the least TTFT wins. 0: no bound; "
+        "the least total delay (the turn's TTFT plus each running stream's stall) wins",
+        parse=float,
+        check=at_least(0),
+    )
     min_prompt_tokens: int = setting(
         0,
         "min_prompt_tokens",
@@ -136,16 +161,18 @@ class DisaggConfig:
         0, "min_prompt_chars", "prefill shorter prompts (characters) on the decoder", parse=int, check=at_least(0)
     )
     decoder_hit_ratio: float = setting(
-        0.8,
+        0.0,
         "decoder_hit_ratio",
-        "prefill on the decoder when it already holds this share of the prompt",
+        "deprecated (policy hit-ratio, which giving it selects): prefill on the decoder when it already holds this "
+        "share of the prompt (0: not set). Measured: a decoder holding 0.71 of a turn computed its tail in 117 ms "
+        "where the prefiller took 146 ms (H100, issue 29); policy ours decides in time instead",
         parse=float,
-        check=lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]",
+        check=lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
     )
     min_uncached_blocks: float = setting(
         1.0,
         "min_uncached_blocks",
-        "prefill on the decoder when what it lacks (past its attention + checkpoint "
+        "policy hit-ratio: prefill on the decoder when what it lacks (past its attention + checkpoint "
         "hit) is under this many aligned blocks (0: off; needs KV events)",
         parse=float,
         check=at_least(0),
@@ -153,18 +180,54 @@ class DisaggConfig:
     load_aware: bool = setting(
         True,
         "disagg_load_aware",
-        "apply the two rules above only while prefilling on the decoder delays its "
+        "policy hit-ratio: apply the two rules above only while prefilling on the decoder delays its "
         "running streams less than a remote prefill would cost (see --remote-overhead-tokens)",
         parse=boolean,
     )
     remote_overhead_tokens: int = setting(
         1024,
         "remote_overhead_tokens",
-        "a remote prefill's fixed cost (hop to P, READ, the decoder's wait) in "
+        "policy hit-ratio: a remote prefill's fixed cost (hop to P, READ, the decoder's wait) in "
         "tokens of prefill compute (1024: ~30 ms of an H200 at Qwen3-Next shapes)",
         parse=int,
         check=at_least(0),
     )
+    isl_max_tokens: int = setting(
+        2048,
+        "isl_max_tokens",
+        "policy isl-bounding: the decoder alone under this many uncached tokens (Dynamo's eff_isl_threshold) ...",
+        parse=int,
+        check=at_least(0),
+    )
+    isl_ratio: float = setting(
+        0.7,
+        "isl_ratio",
+        "policy isl-bounding: ... and under this share of the prompt (Dynamo's eff_isl_ratio_threshold)",
+        parse=float,
+        check=lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
+    )
+    non_cached_tokens: int = setting(
+        128,
+        "non_cached_tokens",
+        "policy non-cached-tokens: a prefiller from this many uncached tokens (llm-d's nonCachedTokens; 128 = 8 "
+        "of its prefix plugin's 16-token blocks)",
+        parse=int,
+        check=at_least(0),
+    )
+    usage_breakdown: bool = setting(
+        True,
+        "usage_breakdown",
+        "add usage.hybrid_pd to answers: what the prefiller hit, what the decoder hit, where the prompt was "
+        "computed (usage.prompt_tokens_details.cached_tokens is unchanged)",
+        parse=boolean,
+    )
+
+    @property
+    def pd_policy(self) -> str:
+        """The policy in force: auto is ours, or hit-ratio where --decoder-hit-ratio is given."""
+        if self.policy == "auto":
+            return "hit-ratio" if self.decoder_hit_ratio > 0 else "ours"
+        return self.policy
 
 
 @dataclass(frozen=True)

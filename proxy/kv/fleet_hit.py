@@ -29,10 +29,17 @@ Classes = dict[int, int]  # tokens -> bit set of the slots with that many
 
 
 def usable_hits(
-    specs: dict[int, EventGroup], maps: dict[int, BlockMap], h: int, num_tokens: int, keys: PromptKeys, everyone: int
+    specs: dict[int, EventGroup],
+    maps: dict[int, BlockMap],
+    h: int,
+    num_tokens: int,
+    keys: PromptKeys,
+    everyone: int,
+    attention_only: bool = False,
 ) -> Classes:
     """Usable hit (tokens) -> the slots of `everyone` with that hit; a slot in no class hits 0. `keys` are the
-    prompt's keys at granularity h (the hash block size)."""
+    prompt's keys at granularity h (the hash block size). `attention_only`: the attention prefix alone, as a
+    hybrid-blind router sees it (the peers' deciders, pd_policies.py), Mamba checkpoints not looked at."""
     attention = [(gid, g.block_size) for gid, g in specs.items() if g.kind in ATTENTION_KINDS]
     mamba = [gid for gid, g in specs.items() if g.kind == MAMBA_KIND]
     if h <= 0 or not (attention or mamba) or not everyone or num_tokens < 2:
@@ -40,7 +47,7 @@ def usable_hits(
     classes: Classes = {min(num_tokens - 1, keys.total * h): everyone}  # vLLM computes the last token itself
     for gid, block_size in attention:
         classes = _attention_prefix(classes, maps.get(gid), block_size, block_size // h, keys)
-    if not mamba:
+    if not mamba or attention_only:
         return classes
     return _mamba_checkpoints(classes, [maps.get(gid) for gid in mamba], aligned_block(specs), h, keys)
 

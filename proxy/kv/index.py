@@ -204,14 +204,21 @@ class KVIndex:
                 return
 
     # ---- questions --------------------------------------------------------------------------------------------
-    def hits(self, num_tokens: int, keys_for: KeysFor, configured_hash_block_size: int = 0) -> dict[str, int]:
-        """The usable hybrid hit (tokens) of a `num_tokens` prompt on every indexed worker, in one pass."""
+    def hits(
+        self, num_tokens: int, keys_for: KeysFor, configured_hash_block_size: int = 0, attention_only: bool = False
+    ) -> dict[str, int]:
+        """The usable hybrid hit (tokens) of a `num_tokens` prompt on every indexed worker, in one pass
+        (`attention_only`: the attention blocks' prefix alone, checkpoints not looked at)."""
         slot_urls = self._slot_urls
         if slot_urls is None:
             slot_urls = self._slot_urls = {w.slot: url for url, w in self.workers.items()}
             self._everyone = sum(1 << s for s in slot_urls)
         h = hash_block_size(self.specs, configured_hash_block_size or self.detected_hash_block_size)
-        classes = usable_hits(self.specs, self.maps, h, num_tokens, keys_for(h), self._everyone) if h > 0 else {}
+        classes = (
+            usable_hits(self.specs, self.maps, h, num_tokens, keys_for(h), self._everyone, attention_only)
+            if h > 0
+            else {}
+        )
         zero = self._everyone
         for bits in classes.values():
             zero &= ~bits

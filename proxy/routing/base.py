@@ -31,6 +31,7 @@ class RequestContext:
     hits: dict[str, int] = field(default_factory=dict)  # worker URL -> usable hybrid hit (tokens)
     hash_cache: ChainCache | None = None  # the proxy's, shared by its requests
     hits_known: bool = False  # hits holds every indexed worker's (one pass over the index, kv_hit.hit_tokens)
+    attention_hits: dict[str, int] | None = None  # worker URL -> attention-only prefix (kv_hit.attention_hits)
     _keys: dict[int, PromptKeys] = field(default_factory=dict)
 
     def keys_for(self, hash_block_size: int) -> PromptKeys:

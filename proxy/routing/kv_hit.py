@@ -41,3 +41,12 @@ def all_hits(deps: Deps, ctx: RequestContext) -> dict[str, int]:
         ctx.hits.update(deps.kv_index.hits(len(ctx.token_ids or ()), ctx.keys_for, deps.kv.hash_block_size))
         ctx.hits_known = True
     return ctx.hits
+
+
+def attention_hits(deps: Deps, ctx: RequestContext) -> dict[str, int]:
+    """Every indexed worker's attention-only prefix of ctx's prompt, Mamba checkpoints not looked at: what a
+    hybrid-blind router calls a hit (the peers' deciders, pd_policies.py). Computed once per request."""
+    if ctx.attention_hits is None:
+        n = len(ctx.token_ids or ())
+        ctx.attention_hits = deps.kv_index.hits(n, ctx.keys_for, deps.kv.hash_block_size, attention_only=True)
+    return ctx.attention_hits

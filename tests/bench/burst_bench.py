@@ -2,8 +2,9 @@
 
 Two prefillers (cores 0 and 1) and one decoder (cores 0-1, so that it weighs on both alike), our connector with
 `--checkpoint-every 256` (the state at every aligned block is kept, so the shared system prompt is a usable hit),
-and our proxy restarted per policy with every turn sent to a prefiller (`--decoder-hit-ratio 1
---min-uncached-blocks 0`: this measures the prefiller choice alone). Per policy and round:
+and our proxy restarted per policy with every turn sent to a prefiller (`--pd-policy always-remote`; before
+issue 29 `--decoder-hit-ratio 1 --min-uncached-blocks 0`: this measures the prefiller choice alone). Per policy
+and round:
 1. a fresh system prompt S is sent once (it lands on one prefiller: the holder);
 2. burst: `--burst` new users (S + a question of their own) at once;
 3. sustained: a second fresh S', sent once, then `--stream` users arriving every `--interval-s`.
@@ -96,7 +97,7 @@ def main() -> None:
                 port = free_port()
                 argv = [HYBRID_PD, "proxy", "--port", str(port), "--decode", workers["d"].url,
                         "--decode-events", f"tcp://127.0.0.1:{events['d']}", "--prefill-policy", policy,
-                        "--prefill-picker", picker, "--decoder-hit-ratio", "1", "--min-uncached-blocks", "0"]
+                        "--prefill-picker", picker, "--pd-policy", "always-remote"]
                 for k in ("p1", "p2"):
                     argv += ["--prefill", workers[k].url, "--prefill-events", f"tcp://127.0.0.1:{events[k]}"]
                 proxy = Launched(f"proxy-{rnd}-{len(procs)}", argv, f"http://127.0.0.1:{port}", logs)

@@ -1,7 +1,9 @@
 """Short prompts through the proxy, with and without the "uncached part under one aligned block stays on D" rule.
 
 One P, one D (our connector, real engines, P on core 0, D on core 1) and one proxy at a time in front of them;
-the proxy is restarted between rounds with `--min-uncached-blocks 1` (default) or `0` (every prompt remote).
+the proxy is restarted between rounds with `--min-uncached-blocks 1` or `0` (every prompt remote), under the
+deprecated `--pd-policy hit-ratio` that rule belongs to (the default policy, ours, decides by predicted time:
+tests/bench/pd_policy_bench.py).
 Each round sends fresh prompts (nothing cached anywhere) of 40-195 words, one at a time, streamed; rounds
 alternate so that both settings see the same engines in the same state. Prints TTFT p50/p90 per setting and
 how many P calls the proxy made.
@@ -50,7 +52,8 @@ def main() -> None:
                 proxy = Launched(f"proxy-{setting}-{rnd}", [
                     HYBRID_PD, "proxy", "--port", str(port), "--prefill", workers["p"].url, "--decode",
                     workers["d"].url, "--prefill-events", f"tcp://127.0.0.1:{ports['p_events']}",
-                    "--decode-events", f"tcp://127.0.0.1:{ports['d_events']}", "--min-uncached-blocks", setting],
+                    "--decode-events", f"tcp://127.0.0.1:{ports['d_events']}", "--pd-policy", "hit-ratio",
+                    "--min-uncached-blocks", setting],
                     f"http://127.0.0.1:{port}", logs)
                 procs.append(proxy)
                 proxy.wait_healthy(60)

@@ -24,7 +24,7 @@ def test_later_turns_read_without_the_handshake(launch, tiny_model):
 
     async def body():
         config = ProxyConfig.from_flat({"port": 0, "prefill": [urls["p"]], "decode": [urls["d"]],
-                                        "health_interval": 0, "load_interval": 0})
+                                        "health_interval": 0, "load_interval": 0, "pd_policy": "always-remote"})
         async with serve_in_background(config) as proxy, aiohttp.ClientSession() as s:
             memo, carried = proxy.app.flow.handshakes, []
             record = memo.seen

@@ -126,8 +126,9 @@ def test_a_busy_decoder_sends_the_turn_it_holds_to_the_prefiller():
 
 
 def test_short_prompts_prefill_on_the_decoder():
+    """The gate every policy shares (--min-prompt-tokens), under one that otherwise always disaggregates."""
     async def body():
-        async with kv_cluster(min_prompt_tokens=17) as (proxy, p, d1, d2, pubs):
+        async with kv_cluster(min_prompt_tokens=17, pd_policy="always-remote") as (proxy, p, d1, d2, pubs):
             status, _ = await post(proxy.url, "/v1/completions", {"prompt": PROMPT})
             assert status == 200 and p.generate_calls == []
             status, _ = await post(proxy.url, "/v1/completions", {"prompt": PROMPT + "q"})

@@ -81,7 +81,7 @@ def test_local_tokenizer_replaces_the_round_trip(tiny_model, local):
     completions reach P and D as the ids, chat as the same messages."""
 
     async def body():
-        async with cluster(decode_policy="kv_hit", tokenizer=tiny_model) as c:
+        async with cluster(decode_policy="kv_hit", tokenizer=tiny_model, pd_policy="always-remote") as c:
             await loaded(c)
             prompt = "the quick brown fox"
             await post(c.url, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 3})
@@ -104,7 +104,7 @@ def test_fallback_to_the_workers_tokenize(tmp_path):
     /tokenize: the fake's one-token-per-character ids reach the workers."""
 
     async def body():
-        async with cluster(decode_policy="kv_hit", tokenizer=str(tmp_path / "missing")) as c:
+        async with cluster(decode_policy="kv_hit", tokenizer=str(tmp_path / "missing"), pd_policy="always-remote") as c:
             for _ in range(100):  # the load task has run and failed
                 if all(t.done() for t in asyncio.all_tasks() if t.get_name() == "tokenizer"):
                     break
@@ -122,7 +122,7 @@ def test_fallback_to_the_workers_tokenize(tmp_path):
 
 def test_shapes_not_reproduced_ask_the_worker(tiny_model):
     async def body():
-        async with cluster(decode_policy="kv_hit", tokenizer=tiny_model) as c:
+        async with cluster(decode_policy="kv_hit", tokenizer=tiny_model, pd_policy="always-remote") as c:
             await loaded(c)
             two_parts = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
             await post(c.url, "/v1/chat/completions", chat(two_parts, max_tokens=3))

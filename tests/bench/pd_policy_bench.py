@@ -1,0 +1,177 @@
+"""The PD deciders side by side on real tiny engines: ours (the placement model), always-remote (upstream's toy
+proxy), Dynamo's isl-bounding and llm-d's non-cached-tokens, each as `--pd-policy` of our proxy.
+
+One P (core 0) and one D (core 1), our connector, KV events on; one proxy at a time in front of them, restarted
+per policy and round (rounds alternate the order). Each round runs its own agent sessions (fresh text: nothing
+of another policy's cached): turn 0 a 500-word prompt, turn k+1 = turn k + D's answer (its token ids) + new
+words, alternating a short tool result (15 words) and a long one (200 words); with `--suffix-words`, every turn
+ends with a fixed instruction that the next one does not keep (it diverges where the suffix began: the agent
+loop of issue 29, point 4). `--concurrency` sessions at once.
+Per policy: TTFT p50/p90, the share of turns D served alone, P calls, bytes D pulled, hybrid misroutes and the
+tokens they recomputed, index mispredictions (proxy metrics), and the placement model's learned rates.
+
+    bash deploy/dev.sh run python -m tests.bench.pd_policy_bench [--sessions 3] [--turns 6] [--rounds 2]
+        [--concurrency 1] [--suffix-words 0] [--policies ours,always-remote,isl-bounding,non-cached-tokens]
+        [--itl-slo-ms 0] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+from hybrid_pd.proxy.demo_workload import transfer_counters
+from tests.support.conversation import text_of, tokenize
+from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scrape_metrics, worker_argv
+
+POLICIES = ("ours", "always-remote", "isl-bounding", "non-cached-tokens")
+ANSWER = 8
+FIRST_WORDS, SHORT_TOOL, LONG_TOOL = 500, 15, 200
+
+
+def stream_turn(url: str, prompt: list[int]) -> tuple[float, list[int], dict]:
+    """(TTFT s, the answer's token ids, usage) of one streamed completion."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": ANSWER, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    start, ttft, ids, usage, text = time.monotonic(), float("nan"), [], {}, []
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                if (choice.get("text") or choice.get("token_ids")) and ttft != ttft:
+                    ttft = time.monotonic() - start
+                ids += choice.get("token_ids") or []
+                text.append(choice.get("text") or "")
+    return ttft, ids, usage | {"text": "".join(text)}
+
+
+def session(proxy: str, decode: str, salt: int, turns: int, suffix_words: int) -> list[dict]:
+    """An agent's turns: its history (+ a fixed instruction suffix, re-sent at the end of every turn and not
+    kept: the next turn diverges where it began), then D's answer and a tool result join the history."""
+    history = tokenize(decode, text_of(FIRST_WORDS, salt))
+    suffix = tokenize(decode, " " + text_of(suffix_words, 99)) if suffix_words else []
+    out = []
+    for k in range(turns):
+        prompt = history + suffix
+        ttft, answer, usage = stream_turn(proxy, prompt)
+        if not answer:  # no token ids in the stream: its text, re-tokenized
+            answer = tokenize(decode, usage["text"])
+        hp = usage.get("hybrid_pd") or {}
+        out.append({"turn": k, "prompt_tokens": len(prompt), "ttft_s": ttft, "computed_on": hp.get("computed_on"),
+                    "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)})
+        words = SHORT_TOOL if k % 2 == 0 else LONG_TOOL
+        history = history + answer + tokenize(decode, " " + text_of(words, salt * 100 + k))
+    return out
+
+
+def proxy_figures(url: str) -> dict[str, float]:
+    m = scrape_metrics(url)
+    p = "hybrid_pd_proxy_"
+    return {"p_calls": metric_sum(m, p + "stage_latency_seconds_count{stage=\"prefill\"}"),
+            "misroutes": metric_sum(m, p + "hybrid_misroutes_total"),
+            "misroute_tokens": metric_sum(m, p + "hybrid_misroute_recomputed_tokens_total"),
+            "mispredictions": metric_sum(m, p + "hit_mispredictions_total"),
+            "mispredicted_tokens": metric_sum(m, p + "hit_mispredicted_tokens_total")}
+
+
+def rates(url: str) -> dict[str, float]:
+    m = scrape_metrics(url)
+    prefix = 'hybrid_pd_proxy_placement_rate{rate="'
+    return {k[len(prefix):-2]: v for k, v in m.items() if k.startswith(prefix)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sessions", type=int, default=3)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--suffix-words", type=int, default=0, help="a fixed instruction after each turn's history")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--itl-slo-ms", default="0")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    policies = args.policies.split(",")
+    logs = Path(tempfile.mkdtemp(prefix="pd-policy-bench-"))
+    model = str(build_tiny_model(TinyModelSpec()))
+    procs: list[Launched] = []
+    results: dict[str, dict] = {p: {"turns": [], "p_calls": 0.0, "bytes": 0.0, "misroutes": 0.0,
+                                    "misroute_tokens": 0.0, "mispredictions": 0.0, "mispredicted_tokens": 0.0,
+                                    "rates": {}} for p in policies}
+    try:
+        ports = {k: free_port() for k in ("p", "d", "p_events", "d_events")}
+        workers = {}
+        for name, role, core in (("p", "prefill", "0"), ("d", "decode", "1")):
+            argv = worker_argv(role, connector="hybrid", port=ports[name], cpu_bind=core, model=model)
+            argv[argv.index("--kv-events-port") + 1] = str(ports[f"{name}_events"])
+            workers[name] = Launched(name, argv, f"http://127.0.0.1:{ports[name]}", logs)
+            procs.append(workers[name])
+        for w in workers.values():
+            w.wait_healthy(600)
+        salt = 0
+        for rnd in range(args.rounds):
+            for policy in policies if rnd % 2 == 0 else list(reversed(policies)):
+                port = free_port()
+                proxy = Launched(f"proxy-{policy}-{rnd}", [
+                    HYBRID_PD, "proxy", "--port", str(port), "--prefill", workers["p"].url, "--decode",
+                    workers["d"].url, "--prefill-events", f"tcp://127.0.0.1:{ports['p_events']}",
+                    "--decode-events", f"tcp://127.0.0.1:{ports['d_events']}", "--pd-policy", policy,
+                    "--itl-slo-ms", args.itl_slo_ms], f"http://127.0.0.1:{port}", logs)
+                procs.append(proxy)
+                proxy.wait_healthy(60)
+                for k in range(30):  # until the proxy reads both workers' KV events (a restarted SUB misses some)
+                    stream_turn(proxy.url, tokenize(workers["d"].url, text_of(120, 10**6 + 100 * rnd + k)))
+                    m = scrape_metrics(proxy.url)
+                    if len([key for key in m if key.startswith("hybrid_pd_proxy_kv_event_batches_total")]) >= 2:
+                        break
+                    time.sleep(0.3)
+                before, moved = proxy_figures(proxy.url), transfer_counters(workers["d"].url)["bytes"]
+                seeds = [7_000_000 + 1000 * (salt + i) for i in range(1, args.sessions + 1)]
+                salt += args.sessions
+                with ThreadPoolExecutor(args.concurrency) as pool:
+                    jobs = [(proxy.url, workers["d"].url, seed, args.turns, args.suffix_words) for seed in seeds]
+                    for turns in pool.map(lambda job: session(*job), jobs):
+                        results[policy]["turns"] += turns
+                after = proxy_figures(proxy.url)
+                for key in before:
+                    results[policy][key] += after[key] - before[key]
+                results[policy]["bytes"] += transfer_counters(workers["d"].url)["bytes"] - moved
+                results[policy]["rates"] = rates(proxy.url)
+                proxy.stop()
+                procs.remove(proxy)
+        print(f"\nsessions {args.sessions} x turns {args.turns} x rounds {args.rounds}, concurrency "
+              f"{args.concurrency}, suffix {args.suffix_words} words, --itl-slo-ms {args.itl_slo_ms}")
+        print("| policy | turns | TTFT p50 ms | TTFT p90 ms | D alone | P calls | MB pulled | hybrid misroutes "
+              "(tokens recomputed) | index mispredictions (tokens) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for policy, r in results.items():
+            ttfts = sorted(t["ttft_s"] for t in r["turns"])
+            q = statistics.quantiles(ttfts, n=10) if len(ttfts) > 1 else ttfts * 9
+            alone = sum(1 for t in r["turns"] if t["computed_on"] == "decode")
+            print(f"| {policy} | {len(ttfts)} | {statistics.median(ttfts) * 1e3:.1f} | {q[8] * 1e3:.1f} | "
+                  f"{alone}/{len(ttfts)} | {int(r['p_calls'])} | {r['bytes'] / 1e6:.1f} | {int(r['misroutes'])} "
+                  f"({int(r['misroute_tokens'])}) | {int(r['mispredictions'])} ({int(r['mispredicted_tokens'])}) |")
+        if "ours" in results:
+            print("ours, rates learned (last round):", json.dumps(results["ours"]["rates"]))
+        if args.out:
+            Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The placement model (proxy/placement.py): its choice is monotone in load and in hits, it never picks a worker
+that cannot serve, and its predictions on the GPU shapes its priors came from read as those runs did."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybrid_pd.proxy.placement import PRIORS, Rates, WorkerView, local_steps, place, remote_tail
+
+PROPS = settings(max_examples=300, deadline=None)
+
+
+@st.composite
+def rates(draw: st.DrawFn) -> Rates:
+    ms = st.floats(0, 200, allow_nan=False, allow_infinity=False)
+    small = st.floats(0, 0.05, allow_nan=False, allow_infinity=False)
+    kv_mb, read = draw(st.floats(0, 0.01)), draw(st.floats(0, 0.5))
+    # a prefill costs at least what reading its KV costs (the model's premise: placement.py)
+    per_token = draw(st.floats(kv_mb * read, kv_mb * read + 0.05))
+    return Rates(
+        prefill_step_ms=draw(ms),
+        prefill_ms_per_token=per_token,
+        prefill_ms_per_token_per_kctx=draw(small),
+        hop_ms=draw(ms),
+        read_ms_per_mb=read,
+        kv_mb_per_token=kv_mb,
+        checkpoint_mb=draw(st.floats(0, 100)),
+        step_ms=draw(st.floats(0, 50)),
+        step_ms_per_seq=draw(st.floats(0, 5)),
+        chunk_tokens=draw(st.sampled_from([256, 2048, 8192, 1 << 20])),
+    )
+
+
+@st.composite
+def scenario(draw: st.DrawFn) -> dict:
+    n = draw(st.integers(1, 200_000))
+    hits = st.integers(0, n)
+    decoder = WorkerView("d", draw(hits), draw(st.floats(0, 256)), draw(st.integers(0, 100_000)))
+    prefillers = [
+        WorkerView(f"p{i}", draw(hits), draw(st.floats(0, 64)), draw(st.integers(0, 100_000)), draw(st.booleans()))
+        for i in range(draw(st.integers(0, 4)))
+    ]
+    return {
+        "prompt_tokens": n,
+        "decoder": decoder,
+        "prefillers": prefillers,
+        "rates": draw(rates()),
+        "itl_slo_ms": draw(st.sampled_from([0.0, 5.0, 20.0, 50.0, 200.0])),
+        "aligned_block": draw(st.sampled_from([0, 16, 544, 1040])),
+    }
+
+
+def choose(s: dict, **changes) -> str | None:
+    s = {**s, **changes}
+    return place(s["prompt_tokens"], s["decoder"], s["prefillers"], s["rates"], itl_slo_ms=s["itl_slo_ms"],
+                 aligned_block=s["aligned_block"]).prefiller
+
+
+@PROPS
+@given(scenario())
+def test_never_picks_a_worker_that_cannot_serve(s):
+    p = place(s["prompt_tokens"], s["decoder"], s["prefillers"], s["rates"], itl_slo_ms=s["itl_slo_ms"],
+              aligned_block=s["aligned_block"])
+    serving = {w.name for w in s["prefillers"] if w.can_serve}
+    assert p.prefiller is None or p.prefiller in serving
+    assert {o.prefiller for o in p.options} == {None} | serving
+    assert p.chosen in p.options and p.chosen.prefiller == p.prefiller
+    if not serving:
+        assert p.local and p.reason == "local_only"
+
+
+@PROPS
+@given(scenario(), st.floats(0, 512))
+def test_a_busier_decoder_never_moves_a_turn_from_a_prefiller_to_it(s, more):
+    if choose(s) is not None:
+        busier = dataclasses.replace(s["decoder"], load=s["decoder"].load + more)
+        assert choose(s, decoder=busier) is not None
+
+
+@PROPS
+@given(scenario(), st.integers(0, 200_000))
+def test_a_longer_queue_on_the_decoder_never_moves_a_turn_from_a_prefiller_to_it(s, more):
+    if choose(s) is not None:
+        busier = dataclasses.replace(s["decoder"], queued_tokens=s["decoder"].queued_tokens + more)
+        assert choose(s, decoder=busier) is not None
+
+
+@PROPS
+@given(scenario(), st.floats(0, 64), st.integers(0, 200_000))
+def test_busier_prefillers_never_move_a_turn_from_the_decoder_to_them(s, more, tokens):
+    if choose(s) is None:
+        busier = [dataclasses.replace(p, load=p.load + more, queued_tokens=p.queued_tokens + tokens)
+                  for p in s["prefillers"]]
+        assert choose(s, prefillers=busier) is None
+
+
+@PROPS
+@given(scenario(), st.integers(0, 200_000))
+def test_a_larger_hit_on_the_decoder_never_moves_a_turn_from_it(s, more):
+    if choose(s) is None:
+        warmer = dataclasses.replace(s["decoder"], hit=s["decoder"].hit + more)
+        assert choose(s, decoder=warmer) is None
+
+
+@PROPS
+@given(scenario(), st.integers(0, 200_000))
+def test_larger_hits_on_prefillers_never_move_a_turn_from_them_to_the_decoder(s, more):
+    if choose(s) is not None:
+        warmer = [dataclasses.replace(p, hit=p.hit + more) for p in s["prefillers"]]
+        assert choose(s, prefillers=warmer) is not None
+
+
+@PROPS
+@given(scenario(), st.integers(0, 200_000), st.floats(0, 256))
+def test_predictions_move_with_hits_and_load(s, more_hit, more_load):
+    def local(d: WorkerView):
+        return place(s["prompt_tokens"], d, [], s["rates"], aligned_block=s["aligned_block"]).chosen
+
+    d = s["decoder"]
+    base = local(d)
+    assert local(dataclasses.replace(d, hit=d.hit + more_hit)).ttft_ms <= base.ttft_ms + 1e-9
+    assert local(dataclasses.replace(d, load=d.load + more_load)).ttft_ms >= base.ttft_ms - 1e-9
+    assert base.ttft_ms >= 0 and base.stall_ms >= 0 and base.gap_ms >= 0
+
+
+@PROPS
+@given(scenario())
+def test_within_the_itl_objective_when_any_option_is(s):
+    if s["itl_slo_ms"] <= 0:
+        return
+    p = place(s["prompt_tokens"], s["decoder"], s["prefillers"], s["rates"], itl_slo_ms=s["itl_slo_ms"],
+              aligned_block=s["aligned_block"])
+    within = [o for o in p.options if o.meets_itl]
+    if within:
+        assert p.chosen.meets_itl
+        assert p.chosen.ttft_ms == min(o.ttft_ms for o in within)
+    else:
+        assert p.chosen.gap_ms == min(o.gap_ms for o in p.options)
+
+
+def test_a_decoder_that_cannot_serve_is_refused():
+    with pytest.raises(ValueError):
+        place(100, WorkerView("d", can_serve=False), [WorkerView("p")])
+
+
+def test_steps_and_tail_follow_align_mode():
+    # 2026-11-25-h100-prefill-steps: 4,857 tokens from scratch = 4,352 + 505 (two steps); 4,352 = one step
+    assert local_steps(4857, 0, 544, 8192) == 2
+    assert local_steps(4352, 0, 544, 8192) == 1
+    assert local_steps(9181, 8704, 544, 8192) == 1  # the tail alone
+    assert local_steps(9181, 0, 0, 8192) == 2  # attention-only: chunks only
+    assert remote_tail(9181, 544) == 9181 - 8704
+    assert remote_tail(8704, 544) == 544  # P stops below the prompt's end: one block short when aligned
+    assert remote_tail(9181, 0) == 1
+
+
+def test_priors_read_as_the_gpu_runs_did():
+    """r1-r4's warm turn 2 (9,181 tokens, 6,528 cached on both): one engine computed the tail in two steps
+    (colocated TTFT 106-117 ms); the model puts D alone within the runs' spread of that."""
+    p = place(9181, WorkerView("d", 6528), [WorkerView("p", 6528)], PRIORS, aligned_block=544)
+    local = p.options[0]
+    assert 90 <= local.ttft_ms <= 160
+    # a decoder holding everything to the last boundary: D alone, one step, no hop
+    p = place(9181, WorkerView("d", 8704), [WorkerView("p", 0)], PRIORS, aligned_block=544)
+    assert p.local and p.chosen.decoder_tokens == 9181 - 8704
+    # a cold prompt: P computes it (the same steps plus a hop, but D's 16 streams would each wait for it)
+    busy = place(9181, WorkerView("d", 0, load=16), [WorkerView("p", 0)], PRIORS, aligned_block=544)
+    assert not busy.local
+
+
+def test_the_itl_objective_keeps_a_busy_decoders_streams_within_it():
+    d, p = WorkerView("d", 6528, load=8), [WorkerView("p", 6528)]
+    loose = place(9181, d, p, PRIORS, itl_slo_ms=500, aligned_block=544)
+    # D's streams pay a prefill step either way (D alone: a chunk of the prompt; after P: the tail past P's
+    # boundary), but the tail's is the shorter one
+    tight = place(9181, d, p, PRIORS, itl_slo_ms=75, aligned_block=544)
+    assert tight.prefiller == "p" and tight.chosen.gap_ms <= 75 < tight.options[0].gap_ms
+    assert loose.options[0].meets_itl
+    idle = place(9181, dataclasses.replace(d, load=0), p, PRIORS, itl_slo_ms=40, aligned_block=544)
+    assert idle.options[0].meets_itl  # no stream to delay

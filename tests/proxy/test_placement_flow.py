@@ -1,0 +1,119 @@
+"""The PD policies in the flow, on fake workers and a real KV index: the placement model keeps a warm turn on its
+decoder, a turn the index overestimated still completes there (and is counted), the peers' attention-only
+deciders misroute hybrid turns (counted per policy), usage carries the billing split, the rates learn."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from hybrid_pd.proxy.kv.events import KVEventBatch
+from tests.proxy.fakes import metric_value, run
+from tests.proxy.test_kv_routing_flow import HASHES, PROMPT, kv_cluster, post, stored
+
+
+async def warm(proxy, pub, url, events):
+    seq = await pub.send(KVEventBatch(0.0, events))
+    await pub.delivered(proxy.state.kv_index, url, seq)
+
+
+def test_ours_keeps_a_warm_turn_on_its_decoder_and_bills_it_there():
+    async def body():
+        async with kv_cluster() as (proxy, p, d1, d2, pubs):
+            # d2 holds the whole prompt's attention blocks and a checkpoint after block 3: usable hit 12 of 16
+            await warm(proxy, pubs[2], d2.url, [stored(HASHES, 0, "full_attention"), stored([HASHES[2]], 1, "mamba")])
+            d2.cached_tokens = 12
+            status, out = await post(proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+            assert status == 200 and p.generate_calls == [] and len(d2.generate_calls) == 1
+            assert "kv_transfer_params" not in d2.generate_calls[0].body
+            assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 12  # D's own figure, untouched
+            assert out["usage"]["hybrid_pd"] == {"prefill_cached_tokens": None, "decoder_cached_tokens": 12,
+                                                 "computed_on": "decode"}
+            m = proxy.state.metrics.render().decode()
+            assert metric_value(m, "hybrid_pd_proxy_disagg_decisions_total", decision="local_placement") == 1
+            assert metric_value(m, "hybrid_pd_proxy_hit_mispredictions_total") == 0
+    run(body())
+
+
+def test_a_turn_the_index_overestimated_completes_on_the_decoder_and_is_counted():
+    async def body():
+        async with kv_cluster() as (proxy, p, d1, d2, pubs):
+            await warm(proxy, pubs[2], d2.url, [stored(HASHES, 0, "full_attention"), stored([HASHES[2]], 1, "mamba")])
+            d2.cached_tokens = 4  # evicted since: D really holds one block
+            status, out = await post(proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+            assert status == 200 and p.generate_calls == [] and out["choices"][0]["text"] == "Hello"
+            m = proxy.state.metrics.render().decode()
+            assert metric_value(m, "hybrid_pd_proxy_hit_mispredictions_total", role="decode") == 1
+            assert metric_value(m, "hybrid_pd_proxy_hit_mispredicted_tokens_total", role="decode") == 8
+    run(body())
+
+
+def test_the_peers_deciders_misroute_a_hybrid_turn_ours_does_not():
+    """d2 holds 3 of the prompt's 4 attention blocks but a checkpoint only after the first: usable hit 4 of 16.
+    Dynamo's and llm-d's rules see 12 cached (4 uncached) and keep the turn on d2, which recomputes 8 of the
+    tokens they counted; ours decides on the 4 it can use, and is never misled."""
+    async def body(policy: str, expected: str, misroutes: int):
+        async with kv_cluster(pd_policy=policy, non_cached_tokens=8) as (proxy, p, d1, d2, pubs):
+            await warm(proxy, pubs[2], d2.url, [stored(HASHES[:3], 0, "full_attention"),
+                                                stored([HASHES[0]], 1, "mamba")])
+            status, _ = await post(proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+            assert status == 200 and len(d2.generate_calls) == 1
+            m = proxy.state.metrics.render().decode()
+            assert metric_value(m, "hybrid_pd_proxy_disagg_decisions_total", decision=expected) == 1
+            assert metric_value(m, "hybrid_pd_proxy_hybrid_misroutes_total", policy=policy) == misroutes
+            assert metric_value(m, "hybrid_pd_proxy_hybrid_misroute_recomputed_tokens_total") == 8 * misroutes
+            assert len(p.generate_calls) == (1 if expected == "remote" else 0)
+
+    run(body("isl-bounding", "local_isl_bounding", 1))
+    run(body("non-cached-tokens", "local_non_cached", 1))
+    run(body("ours", "local_placement", 0))
+    run(body("always-remote", "remote", 0))
+
+
+def test_a_pd_turn_bills_what_each_side_hit():
+    async def body():
+        async with kv_cluster(pd_policy="always-remote") as (proxy, p, d1, d2, pubs):
+            await warm(proxy, pubs[2], d2.url, [stored(HASHES[:2], 0, "full_attention"),
+                                                stored([HASHES[1]], 1, "mamba")])
+            p.cached_tokens = 4
+            status, out = await post(proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+            assert status == 200 and len(p.generate_calls) == 1
+            assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 8  # max(P's 4, D's own 8)
+            assert out["usage"]["hybrid_pd"] == {"prefill_cached_tokens": 4, "decoder_cached_tokens": 8,
+                                                 "computed_on": "prefill"}
+        async with kv_cluster(pd_policy="always-remote", usage_breakdown=False) as (proxy, p, d1, d2, pubs):
+            status, out = await post(proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+            assert status == 200 and "hybrid_pd" not in out["usage"]
+    run(body())
+
+
+def test_the_rates_learn_from_streamed_turns():
+    async def body():
+        async with kv_cluster() as (proxy, p, d1, d2, pubs):
+            await warm(proxy, pubs[2], d2.url, [stored(HASHES, 0, "full_attention"), stored([HASHES[2]], 1, "mamba")])
+            async with aiohttp.ClientSession() as s:
+                for _ in range(3):
+                    r = await s.post(proxy.url + "/v1/completions", json={
+                        "prompt": PROMPT, "stream": True, "stream_options": {"include_usage": True}})
+                    assert r.status == 200
+                    await r.read()
+            rates = proxy.state.rates
+            assert rates.observations["prefill"] == 3 and rates.observations["step"] == 3
+            # the fake answers in well under a millisecond: the fits move towards it from the GPU priors
+            assert rates.rates.prefill_step_ms < 52.0 and rates.rates.step_ms < 7.1
+            m = proxy.state.metrics.render().decode()
+            assert metric_value(m, "hybrid_pd_proxy_placement_observations", fit="prefill") == 3
+            assert metric_value(m, "hybrid_pd_proxy_placement_rate", rate="hop_ms") == 24.4  # no PD turn yet
+    run(body())
+
+
+def test_a_turn_right_after_another_does_not_see_it_running():
+    """Worker.streams (what placement reads): the engine's figures, plus this proxy's requests sent since they
+    were read, less those that ended since (Worker.load, for routing, keeps counting them until the next read)."""
+    from hybrid_pd.proxy.workers import EngineLoad, Worker, WorkerPool
+
+    w = Worker("http://d", "decode", engine=EngineLoad(running=1, waiting=0))
+    with WorkerPool.busy(w):
+        assert w.streams == 2 and w.load == 2
+    assert w.streams == 1 and w.load == 2
+    w.engine, w.sent_since_read, w.done_since_read = None, 0, 0
+    assert w.streams == 0
