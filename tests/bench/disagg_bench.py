@@ -21,8 +21,9 @@ from pathlib import Path
 
 from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
 from hybrid_pd.proxy.demo_workload import stream
+from tests.bench.setups import start_pd_pair
 from tests.support.conversation import text_of
-from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scrape_metrics, worker_argv
+from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scrape_metrics
 
 
 def main() -> None:
@@ -34,15 +35,7 @@ def main() -> None:
     model = str(build_tiny_model(TinyModelSpec()))
     procs: list[Launched] = []
     try:
-        ports = {k: free_port() for k in ("p", "d", "p_events", "d_events")}
-        workers = {}
-        for name, role, core in (("p", "prefill", "0"), ("d", "decode", "1")):
-            argv = worker_argv(role, connector="hybrid", port=ports[name], cpu_bind=core, model=model)
-            argv[argv.index("--kv-events-port") + 1] = str(ports[f"{name}_events"])
-            workers[name] = Launched(name, argv, f"http://127.0.0.1:{ports[name]}", logs)
-            procs.append(workers[name])
-        for w in workers.values():
-            w.wait_healthy(300)
+        workers, ports = start_pd_pair(model, logs, procs, 300)
         ttft: dict[str, list[float]] = {"1": [], "0": []}
         p_calls = dict.fromkeys(ttft, 0.0)
         salt = 0

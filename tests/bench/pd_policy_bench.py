@@ -28,8 +28,9 @@ from pathlib import Path
 
 from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
 from hybrid_pd.proxy.demo_workload import transfer_counters
+from tests.bench.setups import start_pd_pair
 from tests.support.conversation import text_of, tokenize
-from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scrape_metrics, worker_argv
+from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scrape_metrics
 
 POLICIES = ("ours", "always-remote", "isl-bounding", "non-cached-tokens")
 ANSWER = 8
@@ -112,15 +113,7 @@ def main() -> None:
                                     "misroute_tokens": 0.0, "mispredictions": 0.0, "mispredicted_tokens": 0.0,
                                     "rates": {}} for p in policies}
     try:
-        ports = {k: free_port() for k in ("p", "d", "p_events", "d_events")}
-        workers = {}
-        for name, role, core in (("p", "prefill", "0"), ("d", "decode", "1")):
-            argv = worker_argv(role, connector="hybrid", port=ports[name], cpu_bind=core, model=model)
-            argv[argv.index("--kv-events-port") + 1] = str(ports[f"{name}_events"])
-            workers[name] = Launched(name, argv, f"http://127.0.0.1:{ports[name]}", logs)
-            procs.append(workers[name])
-        for w in workers.values():
-            w.wait_healthy(600)
+        workers, ports = start_pd_pair(model, logs, procs, 600)
         salt = 0
         for rnd in range(args.rounds):
             for policy in policies if rnd % 2 == 0 else list(reversed(policies)):

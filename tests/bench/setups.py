@@ -145,3 +145,18 @@ def running(setup: Setup):
         yield setup
     finally:
         setup.close()
+
+
+def start_pd_pair(model: str, logs: Path, procs: list[Launched], timeout: float) -> tuple[dict[str, Launched], dict]:
+    """A prefiller on core 0 and a decoder on core 1 (our connector), each publishing KV events on a port of its
+    own; appended to `procs` (the caller stops them) and healthy on return. Returns (workers, ports)."""
+    ports = {k: free_port() for k in ("p", "d", "p_events", "d_events")}
+    workers: dict[str, Launched] = {}
+    for name, role, core in (("p", "prefill", "0"), ("d", "decode", "1")):
+        argv = worker_argv(role, connector="hybrid", port=ports[name], cpu_bind=core, model=model)
+        argv[argv.index("--kv-events-port") + 1] = str(ports[f"{name}_events"])
+        workers[name] = Launched(name, argv, f"http://127.0.0.1:{ports[name]}", logs)
+        procs.append(workers[name])
+    for w in workers.values():
+        w.wait_healthy(timeout)
+    return workers, ports
