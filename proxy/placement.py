@@ -75,6 +75,15 @@ class Rates:
             self.prefill_ms_per_token + self.prefill_ms_per_token_per_kctx * mean_context / 1000.0
         )
 
+    def compute_ms(self, tokens: int, context: int, steps: int | None = None) -> float:
+        """What D spends computing `tokens` prompt tokens itself: a prefill (`prefill_ms`) for more than one, a
+        decode-shaped step's share for one (no prefill step: vLLM runs it with the decode batch)."""
+        if tokens > 1:
+            return self.prefill_ms(tokens, context, steps)
+        return max(tokens, 0) * (
+            self.prefill_ms_per_token + self.prefill_ms_per_token_per_kctx * (max(context, 0) + 0.5) / 1000.0
+        )
+
     def step(self, streams: float) -> float:
         """A decode step with `streams` in the batch."""
         return self.step_ms + self.step_ms_per_seq * max(streams - 1, 0.0)
@@ -209,7 +218,7 @@ def _local(n: int, d: WorkerView, k: float, rates: Rates, slo: float, aligned_bl
     hit = min(max(d.hit, 0), n - 1)
     u = n - hit
     steps = local_steps(n, hit, aligned_block, rates.chunk_tokens)
-    prefill = rates.prefill_ms(u, hit, steps)
+    prefill = rates.compute_ms(u, hit, steps)
     wait = d.queued_tokens * rates.prefill_ms_per_token if d.queued_tokens > 0 else 0.0
     ttft = wait + prefill + steps * rates.step_ms_per_seq * k  # D's streams decode in each of those steps
     # the costliest step is a full chunk at the prompt's end (the most context): an upper bound on any gap
@@ -235,8 +244,8 @@ def _remote(n: int, tail: int, d: WorkerView, p: WorkerView, k: float, rates: Ra
     # (P at the block boundary leaves up to a block: on the H100 that step took 55-83 ms against 8-10 ms for
     # upstream's one token, deploy/gpu/results/2026-11-25-h100-qwen3next-boundary)
     step = rates.step(k + 1)
-    tail_ms = rates.prefill_ms(on_d, n - on_d, 1) if on_d > 1 else on_d * rates.prefill_ms_per_token
+    tail_ms = rates.compute_ms(on_d, n - on_d, 1)
     ttft = wait + rates.prefill_ms(u, p_hit) + rates.hop_ms + read_mb * rates.read_ms_per_mb + step + tail_ms
-    gap = step + (rates.prefill_ms(min(on_d, rates.chunk_tokens), n - on_d, 1) if on_d > 1 else tail_ms)
+    gap = step + rates.compute_ms(min(on_d, rates.chunk_tokens), n - on_d, 1)
     meets = k <= 0 or slo <= 0 or gap <= slo
     return Option(p.name, ttft, tail_ms, gap, ttft + k * tail_ms, meets, u, on_d, read_mb)

@@ -16,6 +16,10 @@ from tests.proxy.fakes import FakeWorker, run
 from tests.proxy.test_discovery_k8s import proxy_config, until
 
 
+def pd_config(url: str):
+    return proxy_config(url, pd_policy="always-remote")  # these tests follow workers through PD turns
+
+
 def slice_of(w: FakeWorker, name: str, **conditions) -> dict:
     host, port = w.url.removeprefix("http://").split(":")
     uid = conditions.pop("uid", None)
@@ -46,7 +50,7 @@ def test_proxy_follows_a_replaced_decoder():
         api.put(slice_of(d1, "dec"))
         api.put(slice_of(p, "pre"))
         try:
-            async with serve_in_background(proxy_config(url)) as proxy, aiohttp.ClientSession() as s:
+            async with serve_in_background(pd_config(url)) as proxy, aiohttp.ClientSession() as s:
                 pool = proxy.state.pool
                 await until(lambda: [w.url for w in pool.all("decode")] == [d1.url] and pool.all("prefill"))
                 assert await complete(s, proxy.url) == 200
@@ -68,7 +72,7 @@ def test_a_terminating_decoder_finishes_its_stream_and_gets_nothing_new():
         url = await api.start()
         api.put(slice_of(d1, "dec-1"))
         try:
-            async with serve_in_background(proxy_config(url)) as proxy, aiohttp.ClientSession() as s:
+            async with serve_in_background(pd_config(url)) as proxy, aiohttp.ClientSession() as s:
                 state = proxy.state
                 await until(lambda: len(state.pool.all("decode")) == 1)
                 worker = state.pool.all("decode")[0]
