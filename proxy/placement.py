@@ -7,8 +7,7 @@ picks the option with the least TTFT among those that keep D's streams within th
     option          TTFT                                                  D's streams: each waits / longest gap
     D alone         wait_D + prefill(U_d, hit_d) + steps * k * s          prefill(U_d, hit_d) / step(k+1) + a chunk
     P_i, then D     wait_i + prefill(U_i, hit_i) + hop + READ(MB)         the tail / step(k+1) + the tail
-                    + step(k+1) + the tail on D (a prefill step of its own
-                    when D computes more than one token)
+                    + step(k+1) + the tail on D
 
     N                the prompt's tokens; a hit is the joint one (attention blocks AND a checkpoint there)
     U_d = N - hit_d  what D computes alone
@@ -73,15 +72,6 @@ class Rates:
         n_steps = self.chunks(tokens) if steps is None else steps
         return self.prefill_step_ms * n_steps + tokens * (
             self.prefill_ms_per_token + self.prefill_ms_per_token_per_kctx * mean_context / 1000.0
-        )
-
-    def compute_ms(self, tokens: int, context: int, steps: int | None = None) -> float:
-        """What D spends computing `tokens` prompt tokens itself: a prefill (`prefill_ms`) for more than one, a
-        decode-shaped step's share for one (no prefill step: vLLM runs it with the decode batch)."""
-        if tokens > 1:
-            return self.prefill_ms(tokens, context, steps)
-        return max(tokens, 0) * (
-            self.prefill_ms_per_token + self.prefill_ms_per_token_per_kctx * (max(context, 0) + 0.5) / 1000.0
         )
 
     def step(self, streams: float) -> float:
@@ -218,7 +208,7 @@ def _local(n: int, d: WorkerView, k: float, rates: Rates, slo: float, aligned_bl
     hit = min(max(d.hit, 0), n - 1)
     u = n - hit
     steps = local_steps(n, hit, aligned_block, rates.chunk_tokens)
-    prefill = rates.compute_ms(u, hit, steps)
+    prefill = rates.prefill_ms(u, hit, steps)
     wait = d.queued_tokens * rates.prefill_ms_per_token if d.queued_tokens > 0 else 0.0
     ttft = wait + prefill + steps * rates.step_ms_per_seq * k  # D's streams decode in each of those steps
     # the costliest step is a full chunk at the prompt's end (the most context): an upper bound on any gap
@@ -240,12 +230,9 @@ def _remote(n: int, tail: int, d: WorkerView, p: WorkerView, k: float, rates: Ra
     wait = (p.queued_tokens * rates.prefill_ms_per_token if p.queued_tokens > 0 else 0.0) + max(
         p.load, 0.0
     ) * rates.prefill_step_ms
-    # D's first step: with more than one token left for D it computes prompt tokens, i.e. it is a prefill step
-    # (P at the block boundary leaves up to a block: on the H100 that step took 55-83 ms against 8-10 ms for
-    # upstream's one token, deploy/gpu/results/2026-11-25-h100-qwen3next-boundary)
+    tail_ms = on_d * rates.prefill_ms_per_token
     step = rates.step(k + 1)
-    tail_ms = rates.compute_ms(on_d, n - on_d, 1)
     ttft = wait + rates.prefill_ms(u, p_hit) + rates.hop_ms + read_mb * rates.read_ms_per_mb + step + tail_ms
-    gap = step + rates.compute_ms(min(on_d, rates.chunk_tokens), n - on_d, 1)
+    gap = step + min(on_d, rates.chunk_tokens) * rates.prefill_ms_per_token
     meets = k <= 0 or slo <= 0 or gap <= slo
     return Option(p.name, ttft, tail_ms, gap, ttft + k * tail_ms, meets, u, on_d, read_mb)
