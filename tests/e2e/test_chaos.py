@@ -103,7 +103,7 @@ def cluster(launch, tiny_model):
     proxy = launch("proxy", [HYBRID_PD, "proxy", "--port", str(port["proxy"]), "--prefill", c.urls["p"],
                              "--decode", c.urls["d"], "--prefill-events", f"tcp://127.0.0.1:{port['p_events']}",
                              "--decode-events", f"tcp://127.0.0.1:{port['d_events']}", "--health-interval", "1",
-                             "--total-timeout", str(DEADLINE_S)],
+                             "--total-timeout", str(DEADLINE_S), "--pd-policy", "always-remote"],  # PD turns
                    c.urls["proxy"])
     proxy.wait_healthy(60)
     c.idle = {k: kv_usage(c.urls[k]) for k in ("p", "d")}

@@ -45,7 +45,8 @@ def shared_core(request, launch, tiny_model):
         events = {k: procs[k].argv[procs[k].argv.index("--kv-events-port") + 1] for k in ("p", "d")}
         proxy = launch(f"{tag}-proxy", [HYBRID_PD, "proxy", "--port", str(ports["proxy"]), "--prefill", procs["p"].url,
                                         "--decode", procs["d"].url, "--prefill-events", f"tcp://127.0.0.1:{events['p']}",
-                                        "--decode-events", f"tcp://127.0.0.1:{events['d']}"],
+                                        "--decode-events", f"tcp://127.0.0.1:{events['d']}",
+                                        "--pd-policy", "always-remote"],
                        f"http://127.0.0.1:{ports['proxy']}")
         proxy.wait_healthy(60)
         yield procs["p"], procs["d"], proxy
