@@ -23,7 +23,7 @@ from .placement import Placement
 
 REMOTE = "remote"
 REMOTE_DECODER_BUSY = "remote_decoder_busy"
-LEGACY_RATIO = 0.8  # policy hit-ratio's share where --decoder-hit-ratio is not given (its default before issue 29)
+LEGACY_RATIO = 0.8  # policy hit-ratio's share without --decoder-hit-ratio (the old default)
 
 
 def is_remote(decision: str) -> bool:

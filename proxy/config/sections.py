@@ -165,7 +165,7 @@ class DisaggConfig:
         "decoder_hit_ratio",
         "deprecated (policy hit-ratio, which giving it selects): prefill on the decoder when it already holds this "
         "share of the prompt (0: not set). Measured: a decoder holding 0.71 of a turn computed its tail in 117 ms "
-        "where the prefiller took 146 ms (H100, issue 29); policy ours decides in time instead",
+        "where the prefiller took 146 ms (H100, 2026-11-24 run); policy ours decides in time instead",
         parse=float,
         check=lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
     )

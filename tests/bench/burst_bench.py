@@ -2,8 +2,8 @@
 
 Two prefillers (cores 0 and 1) and one decoder (cores 0-1, so that it weighs on both alike), our connector with
 `--checkpoint-every 256` (the state at every aligned block is kept, so the shared system prompt is a usable hit),
-and our proxy restarted per policy with every turn sent to a prefiller (`--pd-policy always-remote`; before
-issue 29 `--decoder-hit-ratio 1 --min-uncached-blocks 0`: this measures the prefiller choice alone). Per policy
+and our proxy restarted per policy with every turn sent to a prefiller (`--pd-policy always-remote`;
+formerly `--decoder-hit-ratio 1 --min-uncached-blocks 0`: this measures the prefiller choice alone). Per policy
 and round:
 1. a fresh system prompt S is sent once (it lands on one prefiller: the holder);
 2. burst: `--burst` new users (S + a question of their own) at once;

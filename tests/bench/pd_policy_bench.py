@@ -6,7 +6,7 @@ per policy and round (rounds alternate the order). Each round runs its own agent
 of another policy's cached): turn 0 a 500-word prompt, turn k+1 = turn k + D's answer (its token ids) + new
 words, alternating a short tool result (15 words) and a long one (200 words); with `--suffix-words`, every turn
 ends with a fixed instruction that the next one does not keep (it diverges where the suffix began: the agent
-loop of issue 29, point 4). `--concurrency` sessions at once.
+loop where the next turn diverges before the last boundary). `--concurrency` sessions at once.
 Per policy: TTFT p50/p90, the share of turns D served alone, P calls, bytes D pulled, hybrid misroutes and the
 tokens they recomputed, index mispredictions (proxy metrics), and the placement model's learned rates.
 

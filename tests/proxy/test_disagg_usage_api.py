@@ -14,7 +14,7 @@ from hybrid_pd.proxy.placement import WorkerView, place
 from hybrid_pd.proxy.usage import breakdown, fix_usage, prefill_hit, reported_cached, whole_request_cached_tokens
 
 ARGS = dict(eligible=True, has_prefillers=True, prompt_chars=1000, prompt_tokens=400, decoder_hit=None)
-LEGACY = DisaggConfig(policy="hit-ratio")  # the deprecated rule, as before issue 29
+LEGACY = DisaggConfig(policy="hit-ratio")  # the deprecated rule, as before the placement model
 
 
 @pytest.mark.parametrize("cfg, changes, expected", [
