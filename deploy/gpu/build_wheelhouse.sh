@@ -6,7 +6,7 @@
 # Then on the GPU machine: bash deploy/gpu/install_wheelhouse.sh OUT_DIR SITE_DIR
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
-OUT=${1:?output folder}; mkdir -p "$OUT"
+OUT=${1:?output folder}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)  # absolute: step 4 cds into it
 PY=${PYTHON:-python3}
 PLAT=(--python-version 3.12 --implementation cp --only-binary=:all: --platform manylinux2014_x86_64
       --platform manylinux1_x86_64 --platform any)

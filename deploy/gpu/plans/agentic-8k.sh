@@ -2,7 +2,7 @@
 # A plan for `bench_gpu.sh background`: agentic 8k at c=1 and 8 on the Qwen3-Next shape, every set-up on this
 # machine, ours with P at the block boundary (the default) and at N-1 tokens; then the Nemotron-H shape.
 # Each line appends to /root/res/done.txt ("q-all" after the Qwen3-Next shape, "all" at the end).
-# GRAPHS=full runs vLLM's default CUDA graphs (piecewise + compile; the first engine compiles for minutes).
+# N1=0 skips the N-1 variant. GRAPHS=full runs vLLM's default CUDA graphs (piecewise + compile; the first engine compiles for minutes).
 set -u
 R=/root/res; mkdir -p "$R/q" "$R/n"
 export UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on
@@ -11,7 +11,7 @@ run() { local kind=$1 setup=$2 dir=$3; shift 3
   bash deploy/gpu/bench_gpu.sh run "$setup" "$kind" "$R/$dir" $B "$@" > "$R/$dir/$setup$*.log" 2>&1
   echo "$dir $setup $* rc=$?" >> "$R/done.txt"; }
 for s in colocated upstream hybrid-pd-1p1d; do run qwen3next $s q; done
-HYBRID_PD_PREFILL_TO_BOUNDARY=0 run qwen3next hybrid-pd-1p1d q --tag=-n1
+[ "${N1:-1}" = 1 ] && HYBRID_PD_PREFILL_TO_BOUNDARY=0 run qwen3next hybrid-pd-1p1d q --tag=-n1
 echo q-all >> "$R/done.txt"
 bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/n/model.log" 2>&1
 for s in colocated upstream hybrid-pd-1p1d; do run nemotronh $s n; done
