@@ -83,7 +83,7 @@ case $cmd in
     tar -czf "${OUT:?}/res.tgz" -C /root/res . ; ls -la "$OUT" ;;
   save-cache)
     out=${1:?out folder}; mkdir -p "$out"
-    tar -czf - -C "$HOME" $(cd "$HOME" && ls -d .triton/cache .cache/flashinfer 2>/dev/null) \
+    tar -czf - -C "$HOME" $(cd "$HOME" && ls -d .triton/cache .cache/flashinfer .cache/vllm/torch_compile_cache 2>/dev/null) \
       | split -b 15m -d - "$out/kernel-cache.tgz."
     du -sh "$out"/kernel-cache.tgz.* ;;
   restore-cache)
