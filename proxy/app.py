@@ -3,8 +3,8 @@
     async with serve_in_background(config) as proxy: ...     (server.py runs it until a signal; tests in-process)
         await proxy.drain()                                      (SIGTERM: readiness off, serve on, then stop)
 
-/health is readiness (503 without an admitted decoder, and while draining); /livez is liveness (200 while the
-event loop runs, whatever the workers do).
+/health is readiness (503 without an admitted decoder, while the proxy's tokenizer loads, and while draining);
+/livez is liveness (200 while the event loop runs, whatever the workers do).
 
 Every error a client can see leaves through `ProxyApp.handle`, OpenAI-shaped:
 {"error": {"message", "type", "param", "code"}}.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -107,8 +108,14 @@ class ProxyApp:
     async def health(self, request: Request) -> None:
         state = self.state
         counts = {role: len(state.pool.admitted(role)) for role in ("prefill", "decode")}
-        ok = counts["decode"] > 0 and not self.draining
-        status = "draining" if self.draining else "ok" if ok else "no healthy decode worker"
+        tokenizer_loading = time.monotonic() < state.tokenizer_loading_until
+        ok = counts["decode"] > 0 and not self.draining and not tokenizer_loading
+        if self.draining:
+            status = "draining"
+        elif counts["decode"] == 0:
+            status = "no healthy decode worker"
+        else:
+            status = "loading the tokenizer" if tokenizer_loading else "ok"
         body = {
             "status": status,
             "admitted": counts,

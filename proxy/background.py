@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 
 import zmq.asyncio
@@ -34,11 +35,22 @@ async def every(interval_s: float, round_: Callable[[ProxyState], Awaitable[None
 
 
 MODEL_FOLDER_RETRY_S = 2.0
+TOKENIZER_READY_WAIT_S = 120.0
 
 
 async def load_tokenizer(state: ProxyState) -> None:
-    """Load the model's tokenizer into the proxy (in a thread: transformers imports and loads for seconds); until
-    then, and when it cannot load, prompts are tokenized through the workers' /tokenize."""
+    """Load the model's tokenizer into the proxy (in a thread: transformers imports torch and loads for 10 s on a
+    small CPU). Until it has loaded or failed, /health (readiness) answers 503: a proxy taking traffic meanwhile
+    pays a worker's /tokenize per prompt and shares its interpreter with the import (on an H200 run, 8-20 ms
+    more per turn than once loaded), for TOKENIZER_READY_WAIT_S at most (a folder that never resolves, a load
+    that hangs). When it cannot load, prompts are tokenized through the workers' /tokenize."""
+    try:
+        await _load_tokenizer(state)
+    finally:
+        state.tokenizer_loading_until = 0.0
+
+
+async def _load_tokenizer(state: ProxyState) -> None:
     source: str | None = state.config.kv.tokenizer
     if source == "auto":
         while (source := await model_folder(state)) is None:
@@ -98,6 +110,7 @@ class Background:
             load = every(s.config.health.load_interval_s, read_once, s)
             self.tasks.append(asyncio.create_task(load, name="engine-load"))
         if s.config.tokenize and s.config.kv.tokenizer != "remote":
+            s.tokenizer_loading_until = time.monotonic() + TOKENIZER_READY_WAIT_S  # set before the first /health
             self.tasks.append(asyncio.create_task(load_tokenizer(s), name="tokenizer"))
         if s.config.discovery == "k8s":
             from .discovery.k8s import discovery_loop

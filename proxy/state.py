@@ -30,6 +30,8 @@ class ProxyState:
     prefill_router: Router
     rates: OnlineRates  # the placement model's (placement.py), learned from this proxy's requests
     tokenizer: LocalTokenizer | None = None  # the model's own tokenizer, once loaded (background.py)
+    # While the tokenizer loads, until this time.monotonic() at most, /health answers 503 (background.py)
+    tokenizer_loading_until: float = 0.0
 
     @classmethod
     def build(cls, config: ProxyConfig) -> ProxyState:

@@ -134,3 +134,38 @@ def test_shapes_not_reproduced_ask_the_worker(tiny_model):
             assert metric_value(metrics, M + "tokenized_prompts_total", source="local") == 1
 
     run(body(), timeout=120)
+
+
+def test_not_ready_while_the_tokenizer_loads(tiny_model, monkeypatch):
+    """/health (readiness) is 503 "loading the tokenizer" while the load runs, so that no traffic pays a
+    worker's /tokenize per prompt meanwhile; 200 once it has loaded, and the first request is tokenized locally.
+    The load is held on an event (the real load then runs), so the test sees the window whatever the CPU."""
+    import threading
+
+    release = threading.Event()
+    real_load = LocalTokenizer.load.__func__
+
+    def held_load(cls, source):
+        assert release.wait(60), "the test never released the load"
+        return real_load(cls, source)
+
+    monkeypatch.setattr(LocalTokenizer, "load", classmethod(held_load))
+
+    async def health(url: str) -> tuple[int, dict]:
+        async with aiohttp.ClientSession() as s, s.get(url + "/health") as r:
+            return r.status, await r.json()
+
+    async def body():
+        async with cluster(decode_policy="kv_hit", tokenizer=tiny_model, pd_policy="always-remote") as c:
+            await asyncio.sleep(0.3)  # the workers are admitted, the load is running
+            status, answer = await health(c.url)
+            assert (status, answer["status"]) == (503, "loading the tokenizer"), answer
+            release.set()
+            await loaded(c)
+            status, answer = await health(c.url)
+            assert (status, answer["status"]) == (200, "ok"), answer
+            await post(c.url, "/v1/completions", {"model": "tiny", "prompt": "abc", "max_tokens": 3})
+            seen = [s for w in (*c.prefill, *c.decode) for s in w.seen]
+            assert not [s for s in seen if s.path == "/tokenize"]
+
+    run(body(), timeout=120)
