@@ -13,7 +13,7 @@ import sys
 
 from hybrid_pd.prefill.aligned_block import AlignedBlockWatch
 from hybrid_pd.prefill.core_neighbours import sharing
-from hybrid_pd.prefill.errors import ConfigError, WorkerError
+from hybrid_pd.prefill.errors import WorkerConfigError, WorkerError
 from hybrid_pd.prefill.ready import ReadyFile
 from hybrid_pd.prefill.shm_segments import EngineSegments
 from hybrid_pd.prefill.supervisor import ChildProcess, run_until_signalled
@@ -170,7 +170,7 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
         try:
             lengths = parse_lengths(args.warmup_lengths or DEFAULT_WARMUP[config.device])
         except ValueError as e:
-            raise ConfigError([f"--warmup-lengths: {e}"]) from None
+            raise WorkerConfigError([f"--warmup-lengths: {e}"]) from None
         for w in config.warnings:
             print(f"[hybrid-pd] warning: {w}", file=sys.stderr)
         if config.cpu_cores is not None:
@@ -221,7 +221,7 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
         )
     except WorkerError as e:
         print(f"[hybrid-pd] {role}: {e}", file=sys.stderr)
-        return 2 if isinstance(e, ConfigError) else 1
+        return 2 if isinstance(e, WorkerConfigError) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from hybrid_pd.prefill.core_neighbours import parse_cores
-from hybrid_pd.prefill.errors import ConfigError
+from hybrid_pd.prefill.errors import WorkerConfigError
 from hybrid_pd.proxy.kv.block_hash import LAUNCHER_HASH_SEED  # shared with the proxy, which tries it too
 
 Role = Literal["prefill", "decode"]
@@ -99,7 +99,7 @@ class WorkerConfig:
         problems, warnings = self._check()
         object.__setattr__(self, "warnings", tuple(warnings))
         if problems:
-            raise ConfigError(problems)
+            raise WorkerConfigError(problems)
 
     # ---- validation -------------------------------------------------------------------------------------
     def _check(self) -> tuple[list[str], list[str]]:

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from hybrid_pd.prefill.cli import worker_main
-from hybrid_pd.prefill.errors import ConfigError
+from hybrid_pd.prefill.errors import WorkerConfigError
 from hybrid_pd.prefill.worker_config import (
     WorkerConfig,
     model_kind,
@@ -39,7 +39,7 @@ def make(model, **kw):
 
 
 def problems_of(model, **kw):
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(WorkerConfigError) as e:
         make(model, **kw)
     return "\n".join(e.value.problems)
 
@@ -145,7 +145,7 @@ def test_dense_model_warns_but_starts(dense_model):
 
 
 def test_every_problem_is_reported_at_once(hybrid_model):
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(WorkerConfigError) as e:
         make(hybrid_model, prefix_caching=False, conv_state_layout="SD", port=1, kv_events_port=1)
     assert len(e.value.problems) == 3
 
