@@ -23,8 +23,10 @@ import os
 import time
 from typing import Any
 
+from hybrid_pd.connector.contract import DECODER_KNOWS
+
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
-from .handshakes import DECODER_KNOWS, HandshakeMemo
+from .handshakes import HandshakeMemo
 from .http.request import Request
 from .metrics import FlowRecorder
 from .openai_api import OpenAIRequest

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..kv.block_hash import DEFAULT_NONE_HASH_SEED
+from hybrid_pd.connector.contract import DEFAULT_NONE_HASH_SEED
+
 from .declare import above, at_least, boolean, one_of, setting
 
 HashAlgo = Literal["sha256", "sha256_cbor"]

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from hybrid_pd.connector.contract import DEFAULT_NONE_HASH_SEED
+
 from .index import KVIndex
 from .prompt_keys import ChainCache, PromptKeys
 
@@ -39,7 +41,7 @@ class PromptHits:
     token_ids: list[int] | None = None
     cache_salt: str | None = None
     hash_algo: str = "sha256"
-    hash_seed: str = "vllm-none-hash"
+    hash_seed: str = DEFAULT_NONE_HASH_SEED
     hash_cache: ChainCache | None = None  # the proxy's, shared by its requests
     hits: dict[str, int] = field(default_factory=dict)  # worker URL -> usable hybrid hit (tokens)
     hits_known: bool = False  # hits holds every indexed worker's (one pass over the index)
