@@ -112,11 +112,6 @@ class BlockDigests(msgspec.Struct, frozen=True):
         return {g: dict(zip(gd.block_ids, gd.digests)) for g, gd in enumerate(self.ranks[rank])}
 
 
-# In the prefill request's kv_transfer_params: the engine id whose handshake the decoder the proxy picked holds
-# already (the proxy keeps track, proxy/handshakes.py); the prefiller of that id leaves its handshakes out.
-DECODER_KNOWS = "hybrid_pd_decoder_knows"
-
-
 class RemotePrefill(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     """The kv_transfer_params P returns (and D receives with the request)."""
 

@@ -18,10 +18,10 @@ from typing import Any, Protocol
 
 import msgspec
 
+from hybrid_pd.connector.contract import DECODER_KNOWS
 from hybrid_pd.connector.errors import ConnectorError
 from hybrid_pd.connector.integrity import digest_targets
 from hybrid_pd.connector.messages import (
-    DECODER_KNOWS,
     BlockDigests,
     CheckpointRef,
     GroupDigests,

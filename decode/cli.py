@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hybrid_pd.prefill.cli import worker_main
+from hybrid_pd.prefill.launch.worker import worker_main
 
 
 def main(argv: list[str] | None = None) -> int:

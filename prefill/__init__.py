@@ -1,7 +1,13 @@
-"""Prefill worker launcher, and the worker-launch machinery both roles share.
+"""The worker launchers, and the tooling that builds and drives the system on one machine.
 
-`hybrid-pd prefill` starts vLLM as a KV producer: align-mode prefix caching, the KV connector, the DS
-conv-state layout, a NIXL side channel and a ZMQ KV-event publisher, after refusing configurations known to
-break. `hybrid_pd.decode` reuses this machinery with the consumer role. The tiny hybrid test model's builder
-lives here too, since a worker is what loads it.
+cli.py    `hybrid-pd prefill`: vLLM as a KV producer (decode/cli.py: `hybrid-pd decode`, the consumer)
+launch/   what both roles run, and the `hybrid-pd` command itself: command.py (the dispatcher); worker.py
+          (the launcher: flags -> WorkerConfig -> vLLM, warm-up, ready file, SIGTERM); flags.py (each setting
+          declared once, the parser built from the declarations); worker_config.py (the validated
+          configuration and vLLM's argv and environment); probes.py (what it reads before vLLM starts);
+          warmup.py; cpu_affinity.py (the launcher's cores, other workers on them); supervisor.py (the vLLM
+          child, signals); ready.py (the ready file and the Kubernetes probe); shm_segments.py; aligned_block.py;
+          errors.py
+dev/      off the serving path: tiny_model.py and tiny_families.py (the tiny hybrid models the demo and the
+          tests load), demo.py and demo_workload.py (`hybrid-pd demo`)
 """

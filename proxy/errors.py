@@ -144,6 +144,11 @@ class UpstreamUnavailable(UpstreamError):
     kind = "unavailable"
     code = "upstream_unavailable"
 
+    @classmethod
+    def of(cls, e: BaseException, worker: str, stage: str, what: str = "unreachable") -> UpstreamUnavailable:
+        """The HTTP client's error (or the socket's) as the proxy's: `{stage} worker {worker} {what}: {e!r}`."""
+        return cls(f"{stage} worker {worker} {what}: {e!r}", worker=worker, stage=stage)
+
 
 class HTTPClientError(Exception):
     """The proxy's HTTP client got no whole answer (mapped to UpstreamUnavailable in upstream.py)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 HANDSHAKES = "handshakes"
-DECODER_KNOWS = "hybrid_pd_decoder_knows"  # read by the prefiller (connector/scheduler_side.py)
 Pair = tuple[str, str | None, str, Any, Any]  # (D's URL, D's identity, P's engine id, P's host, P's port)
 
 

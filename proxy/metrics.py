@@ -197,8 +197,8 @@ class ProxyMetrics:
         )
         self.placement_rates = Gauge(
             P + "placement_rate",
-            "The placement model's rates now (placement.py: ms, MB, tokens), priors moved by this proxy's own "
-            "observations",
+            "The placement model's rates now (placement/cost_model.py: ms, MB, tokens), priors moved by this proxy's "
+            "own observations",
             ("rate",),
         )
         self.placement_observations = Gauge(

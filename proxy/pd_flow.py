@@ -2,16 +2,16 @@
 
     1. tokenize (only when a policy or threshold needs token ids)
     2. pick the decoder D (decode-first: the decoder's cache decides where the turn lives)
-    3. decide: remote prefill on P, or prefill on D (disagg.py)
+    3. decide: remote prefill on P, or prefill on D (placement/decider.py)
     4. P: the body with max_tokens=1, stream=false, kv_transfer_params {do_remote_decode: true}
          -> P's kv_transfer_params. P's one sampled token is dropped: D samples the first token itself.
          5xx, timeout, unreachable, or no kv_transfer_params -> decode-only fallback; 4xx -> to the client
     5. D: the original body + P's kv_transfer_params; its answer (JSON or SSE) is relayed, cached_tokens fixed
 
-Everything one request carries between the steps is a `Turn`. A client that leaves during step 4 leaves P's call
-behind (an option of the upstream call): P's answer is read off its connection (or dropped at P's own timeout),
-P counts as busy until then, and P's blocks are freed by its lease because no decoder will read them. A client
-that leaves during step 5 closes D's connection, which aborts the request on D.
+Everything one request carries between the steps is a `Turn` (turn.py). A client that leaves during step 4 leaves
+P's call behind (an option of the upstream call): P's answer is read off its connection (or dropped at P's own
+timeout), P counts as busy until then, and P's blocks are freed by its lease because no decoder will read them. A
+client that leaves during step 5 closes D's connection, which aborts the request on D.
 """
 
 from __future__ import annotations
@@ -21,23 +21,22 @@ import itertools
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from .disagg import decide, gate, is_remote
+from hybrid_pd.connector.contract import DECODER_KNOWS
+
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
-from .handshakes import DECODER_KNOWS, HandshakeMemo
+from .handshakes import HandshakeMemo
 from .http.request import Request
-from .kv.groups import aligned_block
 from .metrics import FlowRecorder
 from .openai_api import OpenAIRequest
-from .placement import Placement, WorkerView, local_steps, place
+from .placement.decider import Decider
+from .placement.disagg import is_remote
 from .relay import relay_json, relay_sse
 from .routing import RequestContext
-from .routing.kv_hit import all_hits, attention_hits, hit_tokens
-from .routing.queue_cost import uncached_tokens
 from .state import ProxyState
 from .timers import time_left
+from .turn import FALLBACK, REMOTE_PREFILL, Turn
 from .upstream import LeaveBehind
 from .usage import breakdown, fix_usage, prefill_hit, reported_cached
 from .workers import Role, Worker
@@ -51,32 +50,6 @@ _ids = itertools.count(1)
 # Prompts longer than this are tokenized in a thread (a 9k-token prompt takes milliseconds that other requests'
 # streams would wait for on the event loop); shorter ones cost less inline than the thread's hand-over.
 INLINE_TOKENIZE_CHARS = 8192
-LOCAL_PREFILL, REMOTE_PREFILL, FALLBACK = "local_prefill", "remote_prefill", "fallback"  # the `mode` label
-
-
-@dataclass(slots=True)
-class Turn:
-    """One client request on its way through the flow."""
-
-    request: Request  # the client's HTTP request, answered through it
-    body: OpenAIRequest  # its parsed body
-    context: RequestContext  # what the routing policies read (session, token ids, hits per worker)
-    headers: dict[str, str]  # what the workers get: X-Request-Id, authorization
-    started: float  # time.perf_counter() when it arrived
-    deadline: float  # the loop time by which every step has ended (--total-timeout)
-    mode: str = LOCAL_PREFILL
-    transfer_params: dict[str, Any] | None = None  # P's kv_transfer_params, handed to D
-    prefill_hit: int | None = None  # P's own prefix hit (P's cached_tokens)
-    decoder_hit: int | None = None  # D's own hit as the KV index sees it (remote prefill only)
-    decoder: Worker | None = None  # the decoder picked first (P is told whether it knows P's handshake)
-    decided: float = 0.0  # time.perf_counter() when the decision was taken (what placement predicts from)
-    placement: Placement | None = None  # policy ours: the model's prediction
-    streams: float = 0.0  # the decoder's streams when the decision was taken
-    prefiller: Worker | None = None  # the prefiller that answered
-    prefill_ms: float | None = None  # its call, as this proxy saw it
-    prefill_alone: bool = False  # nothing else of this proxy's was on it meanwhile (its call times a prefill)
-    reported_hit: int | None = None  # D's own cached_tokens on a turn it served alone (its answer's usage)
-    first_byte: float | None = None  # time.perf_counter() of the first streamed byte
 
 
 class PDFlow:
@@ -87,11 +60,7 @@ class PDFlow:
         self.upstream = state.upstream
         self.record = FlowRecorder(state.metrics)
         self.handshakes = HandshakeMemo()
-        if self.config.disagg.pd_policy == "hit-ratio":
-            log.warning(
-                "--decoder-hit-ratio selects the deprecated --pd-policy hit-ratio (a share of the prompt on the "
-                "decoder); the default policy (ours) places each turn by its predicted TTFT (proxy/placement.py)"
-            )
+        self.decider = Decider(state, self.record)
         # The serving loop, bound at the first request; passed down rather than asked for (on Python 3.11 each
         # asyncio.get_running_loop() is a getpid system call: ten of them were 4% of the CPU per request).
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -117,107 +86,18 @@ class PDFlow:
         if self.config.tokenize and context.token_ids is None and body.single_prompt:
             context.token_ids = body.token_ids = await self._tokenize(turn)
         decoder = turn.decoder = self._pick("decode", context)
-        decision = self._decide(turn, decoder)
+        decision = self.decider.decide(turn, decoder)
         self.record.decision(decision)
         if is_remote(decision):
             await self._prefill(turn)
             if turn.transfer_params is not None:
                 turn.decoder_hit = context.hits.get(decoder.url)
-        self._misroute(turn, decoder, decision)
+        self.decider.misroute(turn, decoder, decision)
         await self._decode(turn, decoder)
         self.record.latency(body.endpoint, time.perf_counter() - started)
-        self._learn(turn)
+        self.decider.learn(turn)
 
     # ---- steps --------------------------------------------------------------------------------------------
-    def _decide(self, turn: Turn, decoder: Worker) -> str:
-        """The policy's decision (disagg.py); the placement model runs only past the shared gates."""
-        cfg, context, body = self.config.disagg, turn.context, turn.body
-        prompt_tokens = len(context.token_ids) if context.token_ids else None
-        prefillers = self.pool.admitted("prefill")
-        block = aligned_block(self.state.kv_index.specs)
-        turn.streams = decoder.streams  # every proxy's streams where D's /metrics are read
-        turn.decided = time.perf_counter()
-        gated = gate(
-            cfg,
-            eligible=body.single_prompt,
-            has_prefillers=bool(self.pool.all("prefill")),
-            prompt_chars=body.prompt_chars,
-            prompt_tokens=prompt_tokens,
-        )
-        policy, attention_hit = cfg.pd_policy, None
-        if gated is None and prompt_tokens is not None:
-            if policy == "ours" and prefillers:
-                turn.placement = self._place(context, decoder, prefillers, prompt_tokens, block)
-            elif policy in ("isl-bounding", "non-cached-tokens") and self.state.kv_index.workers:
-                attention_hit = attention_hits(self.state.deps, context).get(decoder.url, 0)
-        return decide(
-            cfg,
-            eligible=body.single_prompt,
-            has_prefillers=bool(self.pool.all("prefill")),
-            prompt_chars=body.prompt_chars,
-            prompt_tokens=prompt_tokens,
-            decoder_hit=self._decoder_hit(context, decoder),
-            aligned_block=block,
-            decoder_busy=round(decoder.load),
-            prefill_hit=self._best_prefill_hit(context) if policy == "hit-ratio" else None,
-            placement=turn.placement,
-            attention_hit=attention_hit,
-        )
-
-    def _place(
-        self, context: RequestContext, decoder: Worker, prefillers: list[Worker], prompt_tokens: int, block: int
-    ) -> Placement:
-        """placement.place over the decoder and every admitted prefiller, with their joint hits (0 where the index
-        knows none) and loads, at the rates learned so far."""
-        hits = all_hits(self.state.deps, context) if self.state.kv_index.workers else {}
-        d = WorkerView(decoder.url, hits.get(decoder.url, 0), decoder.streams)
-        ps = [WorkerView(p.url, hits.get(p.url, 0), p.streams, p.queued_tokens) for p in prefillers]
-        itl_slo = self.config.disagg.itl_slo_ms
-        return place(prompt_tokens, d, ps, self.state.rates.rates, itl_slo_ms=itl_slo, aligned_block=block)
-
-    def _misroute(self, turn: Turn, decoder: Worker, decision: str) -> None:
-        """A hybrid misroute: the decider let D compute the prompt for a hit it counted over attention blocks
-        alone, past D's last checkpoint there (the peers' deciders read attention-only hits; ours and hit-ratio
-        the joint one, so theirs is never one). Counted with the tokens D recomputes for it."""
-        policy = self.config.disagg.pd_policy
-        attention = turn.context.attention_hits
-        if is_remote(decision) and turn.transfer_params is not None or attention is None:
-            return
-        joint = turn.context.hits.get(decoder.url) if turn.context.hits_known else None
-        if joint is None:
-            joint = hit_tokens(self.state.deps, turn.context, decoder)
-        over = attention.get(decoder.url, 0) - joint
-        if over > 0:
-            self.record.misroute(policy, over)
-
-    def _learn(self, turn: Turn) -> None:
-        """Feed the placement model's rates with what this turn showed (placement_online.py): P's call as a
-        prefill; a streamed turn D served alone (its TTFT) as one; what a PD turn's TTFT had beyond P's call as
-        the hop; the streamed answer's inter-token time as D's step at its batch."""
-        n = len(turn.context.token_ids or ())
-        if n < 2:
-            return
-        rates = self.state.rates
-        r = rates.rates
-        block = aligned_block(self.state.kv_index.specs)
-        ttft = (turn.first_byte - turn.decided) * 1000 if turn.first_byte is not None else None
-        if turn.mode == REMOTE_PREFILL and turn.prefill_ms is not None:
-            tail = n - ((n - 1) // block) * block if block > 0 else 1
-            p_hit = min(turn.prefill_hit or 0, n - tail)
-            computed = max(n - tail - p_hit, 1)
-            if turn.prefill_alone:
-                rates.observe_prefill(computed, p_hit, r.chunks(computed), turn.prefill_ms)
-            if ttft is not None:
-                d_hit = min(turn.decoder_hit or 0, n - tail)
-                read = ((n - tail - d_hit) * r.kv_mb_per_token + r.checkpoint_mb) * r.read_ms_per_mb
-                tail_ms = tail * r.prefill_ms_per_token
-                rates.observe_hop(ttft - turn.prefill_ms - read - r.step(turn.streams + 1) - tail_ms)
-        elif turn.mode == LOCAL_PREFILL and ttft is not None and turn.placement is not None:
-            hit = turn.reported_hit if turn.reported_hit is not None else n - turn.placement.options[0].decoder_tokens
-            hit = min(max(hit, 0), n - 1)
-            steps = local_steps(n, hit, block, r.chunk_tokens)
-            rates.observe_prefill(n - hit, hit, steps, ttft - steps * r.step_ms_per_seq * turn.streams)
-
     def _time_left(self, turn: Turn) -> float:
         assert self.loop is not None
         return time_left(self.loop, turn.deadline)
@@ -278,18 +158,6 @@ class PDFlow:
         self.record.routed(role, router.label, worker.url)
         return worker
 
-    def _decoder_hit(self, context: RequestContext, decoder: Worker) -> int | None:
-        if not context.token_ids or decoder.url not in self.state.kv_index.workers:
-            return None
-        return hit_tokens(self.state.deps, context, decoder)
-
-    def _best_prefill_hit(self, context: RequestContext) -> int | None:
-        """The largest usable hit of the prompt on an admitted prefiller, None where the index knows none."""
-        known = [w for w in self.pool.admitted("prefill") if w.url in self.state.kv_index.workers]
-        if not context.token_ids or not known:
-            return None
-        return max(hit_tokens(self.state.deps, context, w) for w in known)
-
     async def _prefill(self, turn: Turn) -> None:
         """Sets the turn's transfer_params and prefill_hit, or falls back to decode-only on every P failure but
         4xx (raised). TimeoutError when the total deadline passes first."""
@@ -338,7 +206,7 @@ class PDFlow:
                 body["kv_transfer_params"][DECODER_KNOWS] = known
         began = time.perf_counter()
         turn.prefill_alone = prefiller.in_flight == 0
-        with self.pool.busy(prefiller, uncached_tokens(self.state.deps, turn.context, prefiller)) as busy:
+        with self.pool.busy(prefiller, turn.context.uncached_on(self.state.deps, prefiller.url)) as busy:
             leave = LeaveBehind(self.loop.time() + prefill_s, busy.release)
             try:
                 return await self.upstream.post_json(
@@ -368,11 +236,44 @@ class PDFlow:
         turn.mode = FALLBACK
 
     async def _decode(self, turn: Turn, decoder: Worker) -> None:
-        assert self.loop is not None
-        endpoint, stream = turn.body.endpoint, turn.body.stream
+        """D's answer relayed to the client. A decoder that cannot be reached before anything reached the client
+        is ejected and the turn tried once more on another (any decoder can pull from P)."""
         if turn.decoder_hit:
             self.record.hit("decoder_local", turn.decoder_hit)
+        began = time.perf_counter()
+        for attempt in (0, 1):
+            try:
+                answered = await self._decode_on(turn, decoder)
+                break
+            except UpstreamUnavailable as e:
+                self.handshakes.forget(decoder.url)
+                self._passive_eject(decoder, str(e))
+                if attempt or not any(w is not decoder for w in self.pool.admitted("decode")):
+                    raise
+                decoder = self._pick("decode", turn.context, exclude=decoder)
+        if answered is None:  # the client left mid-stream
+            return
+        status, usage = answered
+        ended = time.perf_counter()
+        self.record.stage("decode", ended - began)
+        self.record.answered(turn.body.endpoint, turn.mode, status, usage)
+        self._check_decoder_hit(turn, decoder)
+        completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if isinstance(completion, int) and status == 200:
+            self.decider.observe_step(turn, completion, ended)
 
+    async def _decode_on(self, turn: Turn, decoder: Worker) -> tuple[int, Any] | None:
+        """One attempt on one decoder: (status, usage) of the answer relayed, or None where the client left
+        mid-stream. UpstreamUnavailable where D could not be reached and nothing reached the client yet."""
+        assert self.loop is not None
+        endpoint, stream = turn.body.endpoint, turn.body.stream
+        params, handshake_to = turn.transfer_params, None
+        if params is not None:  # P's handshake only to a decoder that has not had it yet (handshakes.py)
+            params, handshake_to = self.handshakes.params_for(params, decoder.url, decoder.identity)
+        body = turn.body.decode_body(params, self.config.kv.forward_token_ids)
+        remaining = max(0.001, turn.deadline - self.loop.time())
+        # A JSON answer's headers come with its last byte; an SSE answer's right away (then its first line)
+        first_byte = min(self.config.timeouts.decode_first_byte_s, remaining) if stream else remaining
         split = self.config.disagg.usage_breakdown
 
         def fix(chunk: dict[str, Any]) -> int | None:
@@ -390,68 +291,39 @@ class PDFlow:
             turn.first_byte = time.perf_counter()
             self.record.ttft(endpoint, turn.first_byte - turn.started)
 
-        began = time.perf_counter()
-        for attempt in (0, 1):
-            params, handshake_to = turn.transfer_params, None
-            if params is not None:  # P's handshake only to a decoder that has not had it yet (handshakes.py)
-                params, handshake_to = self.handshakes.params_for(params, decoder.url, decoder.identity)
-            body = turn.body.decode_body(params, self.config.kv.forward_token_ids)
-            remaining = max(0.001, turn.deadline - self.loop.time())
-            # A JSON answer's headers come with its last byte; an SSE answer's right away (then its first line)
-            first_byte = min(self.config.timeouts.decode_first_byte_s, remaining) if stream else remaining
-            try:
-                with self.pool.busy(decoder):
-                    async with self.upstream.open_post(
-                        decoder.url,
-                        turn.body.path,
-                        body,
-                        stage="decode",
+        with self.pool.busy(decoder):
+            async with self.upstream.open_post(
+                decoder.url, turn.body.path, body, stage="decode", first_byte_timeout=first_byte, headers=turn.headers
+            ) as answer:
+                if stream and answer.content_type == "text/event-stream":
+                    result = await relay_sse(
+                        turn.request,
+                        answer,
+                        fix,
+                        worker=decoder.url,
                         first_byte_timeout=first_byte,
-                        headers=turn.headers,
-                    ) as answer:
-                        if stream and answer.content_type == "text/event-stream":
-                            result = await relay_sse(
-                                turn.request,
-                                answer,
-                                fix,
-                                worker=decoder.url,
-                                first_byte_timeout=first_byte,
-                                deadline=turn.deadline,
-                                loop=self.loop,
-                                on_first_byte=first_byte_out,
-                            )
-                            status, usage = result.status, result.usage
-                            if result.broken is not None:
-                                self.record.error(result.broken.kind)
-                            if result.client_gone:
-                                self.record.error("client_disconnect")
-                                self.record.request(endpoint, turn.mode, "499")
-                                return
-                        else:
-                            payload = await relay_json(
-                                turn.request, answer, fix, worker=decoder.url, deadline=turn.deadline, loop=self.loop
-                            )
-                            status = answer.status
-                            first_byte_out()
-                            turn.first_byte = None  # a whole answer: its first byte is its last
-                            usage = payload.get("usage") if isinstance(payload, dict) else None
-                break
-            except UpstreamUnavailable as e:
-                # Nothing reached the client yet: one more decoder may serve it (any decoder can pull from P).
-                self.handshakes.forget(decoder.url)
-                self._passive_eject(decoder, str(e))
-                if attempt or not any(w is not decoder for w in self.pool.admitted("decode")):
-                    raise
-                decoder = self._pick("decode", turn.context, exclude=decoder)
+                        deadline=turn.deadline,
+                        loop=self.loop,
+                        on_first_byte=first_byte_out,
+                    )
+                    status, usage = result.status, result.usage
+                    if result.broken is not None:
+                        self.record.error(result.broken.kind)
+                    if result.client_gone:
+                        self.record.error("client_disconnect")
+                        self.record.request(endpoint, turn.mode, "499")
+                        return None
+                else:
+                    payload = await relay_json(
+                        turn.request, answer, fix, worker=decoder.url, deadline=turn.deadline, loop=self.loop
+                    )
+                    status = answer.status
+                    first_byte_out()
+                    turn.first_byte = None  # a whole answer: its first byte is its last
+                    usage = payload.get("usage") if isinstance(payload, dict) else None
         if handshake_to is not None and status < 400:
             self.handshakes.delivered(handshake_to)
-        ended = time.perf_counter()
-        self.record.stage("decode", ended - began)
-        self.record.answered(endpoint, turn.mode, status, usage)
-        self._check_decoder_hit(turn, decoder)
-        completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        if turn.first_byte is not None and isinstance(completion, int) and completion > 1 and status == 200:
-            self.state.rates.observe_step(turn.streams + 1, (ended - turn.first_byte) * 1000 / (completion - 1))
+        return status, usage
 
     def _check_decoder_hit(self, turn: Turn, decoder: Worker) -> None:
         """Decoder-first: a turn D served alone completes there whatever D really holds (vLLM computes what it

@@ -18,7 +18,6 @@ import msgspec
 from .errors import HTTPClientError, ProxyError, ShuttingDown, UpstreamTimeout, UpstreamUnavailable
 from .http.request import Request
 from .http.response import Response
-from .upstream import unavailable
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -108,7 +107,7 @@ async def relay_sse(
         )
         raise
     except HTTPClientError as e:
-        result.broken = unavailable(e, worker, "decode", "broke the stream")
+        result.broken = UpstreamUnavailable.of(e, worker, "decode", "broke the stream")
         await write_stream_error(request, result.broken)
     return result
 

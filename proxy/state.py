@@ -9,7 +9,7 @@ from .config import ProxyConfig
 from .kv.index import KVIndex
 from .kv.prompt_keys import ChainCache
 from .metrics import ProxyMetrics
-from .placement_online import OnlineRates
+from .placement.online_rates import OnlineRates
 from .routing import Deps, Router
 from .tokenizer import LocalTokenizer
 from .upstream import Upstream
@@ -28,7 +28,7 @@ class ProxyState:
     deps: Deps
     decode_router: Router
     prefill_router: Router
-    rates: OnlineRates  # the placement model's (placement.py), learned from this proxy's requests
+    rates: OnlineRates  # the cost model's (placement/cost_model.py), learned from this proxy's requests
     tokenizer: LocalTokenizer | None = None  # the model's own tokenizer, once loaded (background.py)
     # While the tokenizer loads, until this time.monotonic() at most, /health answers 503 (background.py)
     tokenizer_loading_until: float = 0.0

@@ -1,6 +1,6 @@
 """HTTP to the workers: pooled keep-alive connections (http/client.py), and the one boundary where the HTTP client's
-errors and asyncio's timeouts become the proxy's UpstreamError tree (errors.py): `unavailable` below, which the
-relay uses too for an answer that breaks mid-stream.
+errors and asyncio's timeouts become the proxy's UpstreamError tree (errors.py; UpstreamUnavailable.of, which the
+relay uses too for an answer that breaks mid-stream).
 
 The calls to the workers go through http.client.HTTPPool; the aiohttp session stays for what is not on a request's
 path (the Kubernetes API, with TLS and its own headers)."""
@@ -193,18 +193,11 @@ class OpenPost:
         assert self.resp is not None
         self.resp.close()  # an unfinished answer's connection is dropped, not pooled
         if isinstance(e, HTTPClientError):
-            raise unavailable(e, self.base, self.stage, "broke the response") from None
+            raise UpstreamUnavailable.of(e, self.base, self.stage, "broke the response") from None
 
 
 def _json_headers(headers: dict[str, str] | None) -> dict[str, str]:
     return {**JSON_HEADERS, **headers} if headers else JSON_HEADERS
-
-
-def unavailable(
-    e: HTTPClientError | OSError, worker: str, stage: str, what: str = "unreachable"
-) -> UpstreamUnavailable:
-    """The client's error (or the socket's) as the proxy's: `{stage} worker {worker} {what}: {e!r}`."""
-    return UpstreamUnavailable(f"{stage} worker {worker} {what}: {e!r}", worker=worker, stage=stage)
 
 
 def _raise_mapped(e: BaseException, base: str, stage: str, timeout: float) -> NoReturn:
@@ -213,4 +206,4 @@ def _raise_mapped(e: BaseException, base: str, stage: str, timeout: float) -> No
             f"{stage} worker {base} gave no answer within {timeout:g} s", worker=base, stage=stage
         ) from None
     assert isinstance(e, (HTTPClientError, OSError))
-    raise unavailable(e, base, stage) from None
+    raise UpstreamUnavailable.of(e, base, stage) from None

@@ -11,14 +11,14 @@ from tests.support.procs import Launched
 
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
-    from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+    from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 
     return str(build_tiny_model(TinyModelSpec(seed=0)))
 
 
 @pytest.fixture(scope="session")
 def tiny_model_other_weights() -> str:
-    from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+    from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 
     return str(build_tiny_model(TinyModelSpec(seed=1)))
 

@@ -94,7 +94,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_the_package():
     graph = import_graph(modules())
     assert "hybrid_pd.proxy.pd_flow" in graph and "hybrid_pd.connector.plan" in graph
-    assert "hybrid_pd.proxy.disagg" in graph["hybrid_pd.proxy.pd_flow"]  # `from .disagg import ...`
+    assert "hybrid_pd.proxy.placement.disagg" in graph["hybrid_pd.proxy.pd_flow"]  # `from .placement.disagg import ...`
 
 
 def test_cycles_are_found():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from hybrid_pd.proxy.demo_workload import stream
+from hybrid_pd.prefill.dev.demo_workload import stream
 
 T0 = time.monotonic()
 

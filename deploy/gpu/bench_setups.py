@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench_client import cached_of, log, post_json, stream_logprobs
 
-from hybrid_pd.proxy.demo_workload import transfer_counters
+from hybrid_pd.prefill.dev.demo_workload import transfer_counters
 from tests.support.procs import HYBRID_PD, Launched, free_port
 
 

@@ -1,4 +1,4 @@
-"""Fit the placement model's priors (proxy/placement.py: PRIORS) from GPU benchmark results.
+"""Fit the placement model's priors (proxy/placement/cost_model.py: PRIORS) from GPU benchmark results.
 
     python3 deploy/gpu/fit_placement_priors.py [RESULT_DIR ...]     (default: the one-H100 Qwen3-Next runs over
                                                                      cuda_ipc, 2026-11-24)

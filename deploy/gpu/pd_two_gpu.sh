@@ -33,7 +33,7 @@ if nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -qE "H10
 fi
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/gpus.txt" || true
 set +e
-python3 -m hybrid_pd.proxy.cli demo --device gpu --model "$MODEL" --connector "$CONNECTOR" \
+python3 -m hybrid_pd.prefill.launch.command demo --device gpu --model "$MODEL" --connector "$CONNECTOR" \
   --prefill-gpu "$GP" --decode-gpu "$GD" --gpu-memory-utilization "$UTIL" --reference \
   --logs "$OUT/logs" --report "$OUT/report.json" "${EXTRA[@]}" 2>&1 | tee "$OUT/run.txt"
 code=${PIPESTATUS[0]}

@@ -20,7 +20,7 @@ and a colocated engine fit on one GPU (about 0.28 of an H100's memory each):
   vocabulary.
 
 Weights are drawn on the GPU in bf16 from a seed (same seed, same GPU kind: same bytes). The tokenizer is the
-tiny model's offline byte-level BPE (prefill/tiny_model.py); the model's vocabulary is padded to 1024 rows.
+tiny model's offline byte-level BPE (prefill/dev/tiny_model.py); the model's vocabulary is padded to 1024 rows.
 
     python3 deploy/gpu/real_shapes.py qwen3next OUT_DIR [--seed 0] [--device cuda]
 """
@@ -103,7 +103,7 @@ def build(kind: str, out: Path, seed: int = 0, device: str = "cuda") -> Path:
     import torch
     import transformers
 
-    from hybrid_pd.prefill.tiny_model import TinyModelSpec, _build_tokenizer
+    from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, _build_tokenizer
 
     marker = out / "hybrid-pd-model.json"
     if marker.exists():

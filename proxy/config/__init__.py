@@ -15,8 +15,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hybrid_pd.connector.contract import DEFAULT_NONE_HASH_SEED
+
 from ..errors import ConfigError
-from ..kv.block_hash import DEFAULT_NONE_HASH_SEED
 from .composite import COMPOSITES
 from .declare import complaints, flat_fields, one_of, setting
 from .sections import (

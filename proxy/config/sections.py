@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..kv.block_hash import DEFAULT_NONE_HASH_SEED
+from hybrid_pd.connector.contract import DEFAULT_NONE_HASH_SEED
+
 from .declare import above, at_least, boolean, one_of, setting
 
 HashAlgo = Literal["sha256", "sha256_cbor"]
@@ -131,7 +132,7 @@ class DisaggConfig:
     policy: str = setting(
         "auto",
         "pd_policy",
-        "who decides where a turn's prompt is computed, once its decoder is chosen: ours (placement.py: the "
+        "who decides where a turn's prompt is computed, once its decoder is chosen: ours (placement/cost_model.py: the "
         "least predicted TTFT within --itl-slo-ms, from every worker's attention + checkpoint hit and load); "
         "always-remote (upstream's toy proxy); isl-bounding (Dynamo's conditional disaggregation: the decoder "
         "alone under --isl-max-tokens and --isl-ratio of uncached input); non-cached-tokens (llm-d's prefix-based "

@@ -25,12 +25,9 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hybrid_pd.connector.contract import DEFAULT_NONE_HASH_SEED
+
 HashFn = Callable[[Any], bytes]
-# NONE_HASH's seed when the workers set no PYTHONHASHSEED (vllm/v1/core/kv_cache_utils.py DEFAULT_NONE_HASH_SEED)
-DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
-# vLLM < 0.27 derives NONE_HASH from os.urandom unless PYTHONHASHSEED is set: workers and the proxy could never
-# agree on block hashes. The launchers then set this seed (prefill/worker_config.py), and the proxy tries it too.
-LAUNCHER_HASH_SEED = "0"
 
 
 def sha256_pickle(obj: Any) -> bytes:
@@ -52,7 +49,7 @@ def chained_block_hashes(
     token_ids: Sequence[int],
     hash_block_size: int,
     algo: str = "sha256",
-    seed: str = "vllm-none-hash",
+    seed: str = DEFAULT_NONE_HASH_SEED,
     cache_salt: str | None = None,
 ) -> list[bytes]:
     """Hashes of every full `hash_block_size` chunk of `token_ids`, as vLLM's request block hasher computes

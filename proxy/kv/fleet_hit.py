@@ -39,7 +39,7 @@ def usable_hits(
 ) -> Classes:
     """Usable hit (tokens) -> the slots of `everyone` with that hit; a slot in no class hits 0. `keys` are the
     prompt's keys at granularity h (the hash block size). `attention_only`: the attention prefix alone, as a
-    hybrid-blind router sees it (the peers' deciders, pd_policies.py), Mamba checkpoints not looked at."""
+    hybrid-blind router sees it (the peers' deciders, placement/peer_policies.py), Mamba checkpoints not looked at."""
     attention = [(gid, g.block_size) for gid, g in specs.items() if g.kind in ATTENTION_KINDS]
     mamba = [gid for gid, g in specs.items() if g.kind == MAMBA_KIND]
     if h <= 0 or not (attention or mamba) or not everyone or num_tokens < 2:

@@ -26,8 +26,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hybrid_pd.connector.contract import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED
+
 from ..config.sections import same_engine
-from .block_hash import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED, keys_of
+from .block_hash import keys_of
 from .block_map import BlockMap
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from .fleet_hit import usable_hits

@@ -21,7 +21,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-from .block_hash import DEFAULT_NONE_HASH_SEED, extend_chain, keys_of, none_hash
+from hybrid_pd.connector.contract import DEFAULT_NONE_HASH_SEED
+
+from .block_hash import extend_chain, keys_of, none_hash
 
 Node = dict[bytes, list]  # a span's tokens -> [its last digest, its keys, child node or None]
 

@@ -10,38 +10,21 @@ stateless apart from their own bookkeeping (a round-robin cursor), and never see
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..config.sections import KVIndexConfig
 from ..kv.index import KVIndex
-from ..kv.prompt_keys import ChainCache, PromptKeys
+from ..kv.request_hits import PromptHits
 from ..workers import Worker
 
 
 @dataclass
-class RequestContext:
-    """What routing knows about one request. Token ids are present only when the proxy tokenized the prompt."""
+class RequestContext(PromptHits):
+    """What routing knows about one request: its session, and its prompt with the hits the KV index answered
+    (kv/request_hits.py: the memo every consumer reads)."""
 
     session: str | None = None
-    token_ids: list[int] | None = None
-    cache_salt: str | None = None
-    hash_algo: str = "sha256"
-    hash_seed: str = "vllm-none-hash"
-    hits: dict[str, int] = field(default_factory=dict)  # worker URL -> usable hybrid hit (tokens)
-    hash_cache: ChainCache | None = None  # the proxy's, shared by its requests
-    hits_known: bool = False  # hits holds every indexed worker's (one pass over the index, kv_hit.hit_tokens)
-    attention_hits: dict[str, int] | None = None  # worker URL -> attention-only prefix (kv_hit.attention_hits)
-    _keys: dict[int, PromptKeys] = field(default_factory=dict)
-
-    def keys_for(self, hash_block_size: int) -> PromptKeys:
-        """The prompt's block keys at this granularity, hashed lazily and at most once per request."""
-        keys = self._keys.get(hash_block_size)
-        if keys is None:
-            keys = self._keys[hash_block_size] = PromptKeys(
-                self.token_ids or (), hash_block_size, self.hash_algo, self.hash_seed, self.cache_salt, self.hash_cache
-            )
-        return keys
 
 
 @dataclass(frozen=True)
@@ -50,6 +33,10 @@ class Deps:
 
     kv_index: KVIndex
     kv: KVIndexConfig
+
+    @property
+    def hash_block_size(self) -> int:
+        return self.kv.hash_block_size
 
 
 class Scorer(Protocol):

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 from ..workers import Worker
 from .base import Deps, RequestContext
-from .kv_hit import hit_tokens
 from .registry import register_scorer
 
 
@@ -26,12 +25,6 @@ class QueueCostScorer:
         self._deps = deps
 
     def score(self, ctx: RequestContext, workers: Sequence[Worker]) -> list[float]:
-        costs = [w.queued_tokens + uncached_tokens(self._deps, ctx, w) for w in workers]
+        costs = [w.queued_tokens + ctx.uncached_on(self._deps, w.url) for w in workers]
         best = min(costs, default=0)
         return [(best + 1) / (c + 1) for c in costs]  # 1 for the cheapest; +1: an empty prompt on idle workers
-
-
-def uncached_tokens(deps: Deps, ctx: RequestContext, w: Worker) -> int:
-    """The prompt's tokens past w's usable hybrid hit (0 when the prompt was not tokenized)."""
-    n = len(ctx.token_ids or ())
-    return n - hit_tokens(deps, ctx, w) if n >= 2 else n

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hybrid_pd.prefill.tiny_model import build_tiny_model
+from hybrid_pd.prefill.dev.tiny_model import build_tiny_model
 from tests.bench.setups import Colocated, Setup, post_json, running
 from tests.bench.workloads import Tokens
 

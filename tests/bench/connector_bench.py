@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_pd.connector.config import ConnectorConfig
-from hybrid_pd.proxy.demo_workload import stream, transfer_counters
+from hybrid_pd.prefill.dev.demo_workload import stream, transfer_counters
 from tests.bench.setups import Setup
 from tests.support.conversation import ANSWER_TOKENS, cached, colocated_pass, complete
 from tests.support.procs import metric_sum, scrape_metrics
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connectors", default="upstream,hybrid")
     ap.add_argument("--out", type=Path, default=Path("tests/bench/results/connector"))
     args = ap.parse_args(argv)
-    from hybrid_pd.prefill.tiny_model import build_tiny_model
+    from hybrid_pd.prefill.dev.tiny_model import build_tiny_model
 
     model = str(build_tiny_model())
     logs = Path(tempfile.mkdtemp(prefix="hybrid-pd-connector-bench-"))

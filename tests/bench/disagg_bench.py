@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
-from hybrid_pd.proxy.demo_workload import stream
+from hybrid_pd.prefill.dev.demo_workload import stream
+from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from tests.bench.setups import start_pd_pair
 from tests.support.conversation import text_of
 from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scrape_metrics

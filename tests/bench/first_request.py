@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hybrid_pd.prefill.tiny_model import build_tiny_model
-from hybrid_pd.prefill.warmup import token_range
+from hybrid_pd.prefill.dev.tiny_model import build_tiny_model
+from hybrid_pd.prefill.launch.warmup import token_range
 from tests.bench.setups import post_json
 from tests.support.procs import Launched, free_port, worker_argv
 

@@ -4,7 +4,7 @@
 One request, as pd_flow.py serves it:
 
     arrival -> Router("decode").pick (proxy/routing, over the real KVIndex fed by the engines' simulated KV events)
-            -> placement (proxy.disagg.decide for ours) -> remote: Router("prefill").pick
+            -> placement (proxy.placement.disagg.decide for ours) -> remote: Router("prefill").pick
     remote:  +p_hop/2 -> P's queue and prefill (to the block boundary, or N-1 tokens as the measured runs did)
              -> +p_hop/2 + READ (bytes of the blocks D lacks) + D's poll -> D computes the rest, samples
     local:   D's queue and prefill
@@ -26,7 +26,6 @@ from proxy.kv.events import KVEventBatch
 from proxy.kv.index import KVIndex
 from proxy.kv.prompt_keys import PromptKeys
 from proxy.routing import Deps, RequestContext, Router
-from proxy.routing.kv_hit import hit_tokens
 from proxy.usage import whole_request_cached_tokens
 from proxy.workers import Worker
 
@@ -124,9 +123,9 @@ class Sim:
         given.keys, given.total = keys, len(keys)
         ctx._keys[b] = given
         d = self.decode_router.pick(ctx, self.decode)
-        d_hit = hit_tokens(self.deps, ctx, d)
+        d_hit = ctx.hit_on(self.deps, d.url)
         views = tuple(
-            Prefiller(p.url, hit_tokens(self.deps, ctx, p), p.in_flight, p.queued_tokens) for p in self.prefill
+            Prefiller(p.url, ctx.hit_on(self.deps, p.url), p.in_flight, p.queued_tokens) for p in self.prefill
         )
         p_hit = max((v.hit for v in views), default=0)
         choice = self.place(PlacementInput(n, d_hit, p_hit, round(d.load), b, d.url, views)) if views else False
@@ -152,7 +151,7 @@ class Sim:
         res.hit, res.reported = start, whole_request_cached_tokens(start, d_engine.cache.hit(keys, n), n)
         end = (n - 1) // b * b if self.fleet.p_to_boundary else n - 1
         ch = chunks_of(start, end, b, cost.max_batched) or [(1, max(0, end - 1))]  # at least one step
-        queued = n - hit_tokens(self.deps, ctx, p)
+        queued = n - ctx.hit_on(self.deps, p.url)
         p.in_flight += 1
         p.queued_tokens += queued
         boundary = (n - 1) // b * b

@@ -2,7 +2,7 @@
 (P or D for the prefill), named so that the fleet tables compare them.
 
     policy            decode router / prefill router            placement                      index routing sees
-    ours              kv_hit=2,least_loaded / same               proxy.disagg.decide            hybrid (+ checkpoints)
+    ours              kv_hit=2,least_loaded / same               proxy.placement.disagg.decide  hybrid (+ checkpoints)
     round_robin       round robin / round robin                  always remote                  -
     session_affinity  session_affinity / session_affinity        always remote                  -
     isl_bounding      kv_hit,least_loaded / same                 remote when prompt - D's hit   attention only
@@ -16,7 +16,7 @@ The peers' routers are modelled with our scorers over an index that sees only th
 router that does not know the hybrid rule counts every attention block it holds as a hit (Dynamo's KV router and
 llm-d's prefix scorer key blocks by hash, not by KV-cache group). Their thresholds are their documented
 examples, not tuned. A placement rule is a function of `PlacementInput`; PLACEMENTS is where the time-based
-model plugs in: `time_model` is registered when proxy/placement.py is importable (its `place()` picks the
+model plugs in: `time_model` is registered when proxy/placement/cost_model.py is importable (its `place()` picks the
 prefiller too: a placement may answer a prefiller's URL instead of True).
 """
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from proxy.config.sections import DisaggConfig, Policy
-from proxy.disagg import REMOTE, REMOTE_DECODER_BUSY, decide
+from proxy.placement.disagg import REMOTE, REMOTE_DECODER_BUSY, decide
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,8 @@ def uncached_at_least(threshold: int) -> Placement:
 
 
 def time_model(cfg: DisaggConfig) -> Placement:
-    """proxy.placement.place with its priors and no ITL objective (the least total delay)."""
-    from proxy import placement as pm  # type: ignore[attr-defined]
+    """proxy.placement.cost_model.place with its priors and no ITL objective (the least total delay)."""
+    from proxy.placement import cost_model as pm  # type: ignore[attr-defined]
 
     def place(x: PlacementInput) -> bool | str:
         d = pm.WorkerView(x.decoder_url, hit=x.decoder_hit, load=x.decoder_busy)
@@ -92,7 +92,7 @@ PLACEMENTS: dict[str, Callable[[DisaggConfig], Placement]] = {
     "isl_bounding": lambda cfg: uncached_at_least(4096),
     "non_cached": lambda cfg: uncached_at_least(512),
 }
-HAVE_TIME_MODEL = importlib.util.find_spec("proxy.placement") is not None
+HAVE_TIME_MODEL = importlib.util.find_spec("proxy.placement.cost_model") is not None
 if HAVE_TIME_MODEL:
     PLACEMENTS["time_model"] = time_model
 

@@ -148,7 +148,7 @@ def start_workers(args, logs: Path) -> tuple[list, str]:
                                  "4"])
         time.sleep(1.0)
         return [proc], f"http://127.0.0.1:{d_port}"
-    from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+    from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 
     port = free_port()
     argv = worker_argv("decode", connector="none", port=port, cpu_bind="1",

@@ -26,8 +26,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
-from hybrid_pd.proxy.demo_workload import transfer_counters
+from hybrid_pd.prefill.dev.demo_workload import transfer_counters
+from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from tests.bench.setups import start_pd_pair
 from tests.support.conversation import text_of, tokenize
 from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scrape_metrics

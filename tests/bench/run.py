@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                     "e.g. '--checkpoint-every 256' (a Mamba checkpoint at every block boundary)")
     args = ap.parse_args(argv)
     Setup.worker_args = tuple(shlex.split(args.worker_args))
-    from hybrid_pd.prefill.tiny_model import build_tiny_model
+    from hybrid_pd.prefill.dev.tiny_model import build_tiny_model
 
     model = str(build_tiny_model())
     requests = all_workloads(Tokens(model), BLOCK)

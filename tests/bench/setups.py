@@ -17,7 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from hybrid_pd.proxy.demo_workload import TRANSFER_METRICS, stream, transfer_counters
+from hybrid_pd.prefill.dev.demo_workload import TRANSFER_METRICS, stream, transfer_counters
 from tests.support.procs import HYBRID_PD, Launched, free_port, worker_argv
 
 

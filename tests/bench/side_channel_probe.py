@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from tests.support.conversation import complete, text_of
 from tests.support.procs import Launched, free_port, worker_argv
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from tests.bench.setups import HybridPD
 from tests.support.procs import metric_sum, scrape_metrics
 from tests.support.storm import SOAK_KINDS, Storm, summary

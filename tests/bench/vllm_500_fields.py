@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from tests.support.procs import Launched, free_port
 
 Path_ = tuple[str | int, ...]  # keys into a body: "messages", 0, "content"

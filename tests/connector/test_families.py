@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hybrid_pd.prefill.tiny_families import FAMILY_VLLM_ARGS
-from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+from hybrid_pd.prefill.dev.tiny_families import FAMILY_VLLM_ARGS
+from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from tests.support import controls
 from tests.support.conversation import (
     ANSWER_TOKENS,

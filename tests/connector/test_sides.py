@@ -118,7 +118,7 @@ def test_prefiller_params_carry_each_ranks_handshake_through_json():
 def test_prefiller_leaves_its_handshakes_out_for_a_decoder_that_knows_this_engine():
     """The proxy names the engine id whose handshake the chosen decoder holds: P's own id leaves the handshakes
     out; another id (P restarted since) keeps them."""
-    from hybrid_pd.connector.messages import DECODER_KNOWS
+    from hybrid_pd.connector.contract import DECODER_KNOWS
 
     p = SchedulerSide(engine_id="P2", host="h", port=7, groups=GROUPS)
     p.set_handshakes({0: b"rank-0"})

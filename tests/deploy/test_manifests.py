@@ -14,7 +14,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from hybrid_pd.prefill.cli import add_worker_args, config_from_args
+from hybrid_pd.prefill.launch.worker import add_worker_args, config_from_args
 from hybrid_pd.proxy.config.sources import load_config
 from tests.support.k8s_policy import (
     INSTANCE,

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 
-from hybrid_pd.prefill.supervisor import health_ok
+from hybrid_pd.prefill.launch.supervisor import health_ok
 from tests.support.conversation import assert_same_greedy, complete, greedy_reference, text_of
 from tests.support.engines import d_metrics, delta
 from tests.support.procs import HYBRID_PD, free_port, metric_sum, scrape_metrics

@@ -22,7 +22,7 @@ def free_port_range(n: int) -> int:
 
 
 def _free(port: int) -> bool:
-    from hybrid_pd.prefill.worker_config import port_is_free
+    from hybrid_pd.prefill.launch.probes import port_is_free
 
     return port_is_free("127.0.0.1", port)
 

@@ -1,7 +1,7 @@
 """Which workers the demo starts together: engines on one GPU one after the other (vLLM would count a
 neighbour's allocations while profiling as its own), everything at once on CPU. Pure logic, no vLLM."""
 
-from hybrid_pd.proxy.demo import build_children, parse_args, start_waves
+from hybrid_pd.prefill.dev.demo import build_children, parse_args, start_waves
 
 
 def names(waves):

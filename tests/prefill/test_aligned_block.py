@@ -1,6 +1,6 @@
 """The launchers say which aligned block vLLM picked, and warn when the flags cannot use it."""
 
-from hybrid_pd.prefill.aligned_block import AlignedBlockWatch
+from hybrid_pd.prefill.launch.aligned_block import AlignedBlockWatch
 
 # as vLLM 0.32 prints them (worker log, then engine core)
 GROWN = ("(Worker pid=6235) INFO 11-23 20:01:32 [interface.py:1096] Setting attention block size to 256 tokens "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hybrid_pd.prefill.core_neighbours import launcher_binding, parse_cores, sharing
+from hybrid_pd.prefill.launch.cpu_affinity import launcher_binding, parse_cores, sharing
 
 
 def test_bindings_parse_as_vllm_reads_them():

@@ -7,7 +7,7 @@ import subprocess
 import psutil
 import pytest
 
-from hybrid_pd.prefill.warmup import CONCURRENT, EXTEND_TOKENS, MAX_TOKENS, ODD, batch_sizes, parse_lengths, plan
+from hybrid_pd.prefill.launch.warmup import CONCURRENT, EXTEND_TOKENS, MAX_TOKENS, ODD, batch_sizes, parse_lengths, plan
 from tests.support.procs import HYBRID_PD, free_port, metric_sum, scrape_metrics, worker_argv
 
 

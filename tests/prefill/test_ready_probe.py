@@ -1,5 +1,5 @@
 """Readiness that cannot lie, and restarts that leave nothing behind, with the real launcher loop
-(prefill/supervisor.py) around a fake engine: a small HTTP server that answers /health and maps a
+(prefill/launch/supervisor.py) around a fake engine: a small HTTP server that answers /health and maps a
 shared-memory segment as vLLM's queues do.
 
 - the engine killed: the probe fails at once, before the launcher has noticed;
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from hybrid_pd.prefill.ready import ReadyFile, check, process_start
+from hybrid_pd.prefill.launch.ready import ReadyFile, check, process_start
 from tests.support.procs import free_port
 
 ENGINE = """
@@ -40,9 +40,9 @@ http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 LAUNCHER = """
 import sys
 from pathlib import Path
-from hybrid_pd.prefill.ready import ReadyFile
-from hybrid_pd.prefill.shm_segments import EngineSegments
-from hybrid_pd.prefill.supervisor import ChildProcess, run_until_signalled
+from hybrid_pd.prefill.launch.ready import ReadyFile
+from hybrid_pd.prefill.launch.shm_segments import EngineSegments
+from hybrid_pd.prefill.launch.supervisor import ChildProcess, run_until_signalled
 port, ready, shm, engine = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 child = ChildProcess("fake engine", [sys.executable, "-c", engine, str(port), str(shm)],
                      f"http://127.0.0.1:{port}", log=sys.stdout)
@@ -52,7 +52,7 @@ sys.exit(run_until_signalled(child, 60, ready=ReadyFile(ready), segments=EngineS
 
 def probe(ready: Path) -> int:
     """What the kubelet runs (deploy/k8s/base/*.yaml)."""
-    return subprocess.run([sys.executable, "-m", "hybrid_pd.prefill.ready", str(ready)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hybrid_pd.prefill.launch.ready", str(ready)], capture_output=True,
                           timeout=30).returncode
 
 

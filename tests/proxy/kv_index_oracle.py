@@ -30,8 +30,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hybrid_pd.connector.contract import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED
 from hybrid_pd.proxy.config.sections import same_engine
-from hybrid_pd.proxy.kv.block_hash import DEFAULT_NONE_HASH_SEED, LAUNCHER_HASH_SEED, as_int_hash
+from hybrid_pd.proxy.kv.block_hash import as_int_hash
 from hybrid_pd.proxy.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from hybrid_pd.proxy.kv.hash_check import hash_granularity
 

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from hybrid_pd.proxy.config import DisaggConfig
-from hybrid_pd.proxy.disagg import decide
 from hybrid_pd.proxy.errors import BadRequest
 from hybrid_pd.proxy.openai_api import parse_request
-from hybrid_pd.proxy.placement import WorkerView, place
+from hybrid_pd.proxy.placement.cost_model import WorkerView, place
+from hybrid_pd.proxy.placement.disagg import decide
 from hybrid_pd.proxy.usage import breakdown, fix_usage, prefill_hit, reported_cached, whole_request_cached_tokens
 
 ARGS = dict(eligible=True, has_prefillers=True, prompt_chars=1000, prompt_tokens=400, decoder_hit=None)

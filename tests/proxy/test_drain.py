@@ -21,7 +21,7 @@ import aiohttp
 
 from tests.support.procs import free_port
 
-PROXY = [sys.executable, "-m", "hybrid_pd.proxy.cli", "proxy"]
+PROXY = [sys.executable, "-m", "hybrid_pd.prefill.launch.command", "proxy"]
 BODY = {"prompt": "hello", "max_tokens": 8, "stream": True}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from hybrid_pd.proxy.handshakes import DECODER_KNOWS
+from hybrid_pd.connector.contract import DECODER_KNOWS
 from tests.proxy.fakes import cluster, run
 
 HANDSHAKES = ["aGFuZHNoYWtlIG9mIHJhbmsgMA=="]

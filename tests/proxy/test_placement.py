@@ -1,5 +1,5 @@
-"""The placement model (proxy/placement.py): its choice is monotone in load and in hits, it never picks a worker
-that cannot serve, and its predictions on the GPU shapes its priors came from read as those runs did."""
+"""The placement model (proxy/placement/cost_model.py): its choice is monotone in load and in hits, it never picks a
+worker that cannot serve, and its predictions on the GPU shapes its priors came from read as those runs did."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid_pd.proxy.placement import PRIORS, Rates, WorkerView, local_steps, place, remote_tail
+from hybrid_pd.proxy.placement.cost_model import PRIORS, Rates, WorkerView, local_steps, place, remote_tail
 
 PROPS = settings(max_examples=300, deadline=None)
 
@@ -19,7 +19,7 @@ def rates(draw: st.DrawFn) -> Rates:
     ms = st.floats(0, 200, allow_nan=False, allow_infinity=False)
     small = st.floats(0, 0.05, allow_nan=False, allow_infinity=False)
     kv_mb, read = draw(st.floats(0, 0.01)), draw(st.floats(0, 0.5))
-    # a prefill costs at least what reading its KV costs (the model's premise: placement.py)
+    # a prefill costs at least what reading its KV costs (the model's premise: cost_model.py)
     per_token = draw(st.floats(kv_mb * read, kv_mb * read + 0.05))
     return Rates(
         prefill_step_ms=draw(ms),

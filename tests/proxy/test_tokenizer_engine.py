@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 
-from hybrid_pd.prefill.tiny_families import FAMILY_VLLM_ARGS
-from hybrid_pd.prefill.tiny_model import TinyModelSpec, build_tiny_model
+from hybrid_pd.prefill.dev.tiny_families import FAMILY_VLLM_ARGS
+from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from hybrid_pd.proxy.app import serve_in_background
 from hybrid_pd.proxy.config import ProxyConfig
 from hybrid_pd.proxy.openai_api import parse_request

@@ -12,7 +12,7 @@ bytes:
     attention wrong     state right, the last attention block before the boundary from another prompt
 
 Mixed parameters carry no digests: D checks none, as with digests off. D computes only the last two tokens
-itself, because the tiny models' next word is a function of the two before it (prefill/tiny_model.py): a
+itself, because the tiny models' next word is a function of the two before it (prefill/dev/tiny_model.py): a
 longer tail computed on D would hide what P sent.
 
 How far an answer moved, per generated position: the reference's greedy token, its log-probability in the

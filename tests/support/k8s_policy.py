@@ -21,7 +21,7 @@ WORKER_ROLES = ("prefill", "decode")
 INSTANCE = "app.kubernetes.io/instance"
 ROLE = "hybrid-pd/role"
 RDMA_CAPABILITIES = {"IPC_LOCK"}  # the only one a container may add (components/ipc-lock)
-READY_PROBE = ["python3", "-m", "hybrid_pd.prefill.ready"]  # prefill/ready.py: the file AND its processes alive
+READY_PROBE = ["python3", "-m", "hybrid_pd.prefill.launch.ready"]  # ready.py: the file AND its processes alive
 MIN_START_BUDGET_S = 600  # the H100's slowest first start was 356 s for a 1 B model (base/prefill.yaml)
 
 

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from hybrid_pd.prefill.supervisor import ChildProcess
+from hybrid_pd.prefill.launch.supervisor import ChildProcess
 
 BIN = Path(sys.executable).parent
 HYBRID_PD = str(BIN / "hybrid-pd") if (BIN / "hybrid-pd").exists() else shutil.which("hybrid-pd")

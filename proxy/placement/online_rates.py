@@ -1,6 +1,6 @@
-"""The placement model's rates, kept up to date from the proxy's own requests (placement.py holds the model).
+"""The placement model's rates, kept up to date from the proxy's own requests (cost_model.py holds the model).
 
-Three fits, each starting from the priors (placement.PRIORS, or a deployment's own) and moving with what the
+Three fits, each starting from the priors (cost_model.PRIORS, or a deployment's own) and moving with what the
 proxy sees of its requests, recent ones weighing more (forgetting factor `forget` per observation):
 
     prefill   recursive least squares over (engine steps, computed tokens, their mean context) -> ms, from
@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from .placement import PRIORS, Rates
+from .cost_model import PRIORS, Rates
 
 
 class RLS:
@@ -60,7 +60,7 @@ class RLS:
 
 
 class OnlineRates:
-    """Rates for placement.place, from priors and the proxy's observations (one event loop: no locks)."""
+    """Rates for cost_model.place, from priors and the proxy's observations (one event loop: no locks)."""
 
     def __init__(self, prior: Rates = PRIORS, forget: float = 0.98, outlier: float = 4.0, hop_alpha: float = 0.1):
         self.prior = prior

@@ -17,11 +17,11 @@ import threading
 import time
 from pathlib import Path
 
-from hybrid_pd.prefill.supervisor import ChildProcess
-from hybrid_pd.prefill.tiny_model import CACHE_ROOT
-from hybrid_pd.proxy.demo_workload import format_report, run_workload
+from hybrid_pd.prefill.dev.demo_workload import format_report, run_workload
+from hybrid_pd.prefill.dev.tiny_model import CACHE_ROOT
+from hybrid_pd.prefill.launch.supervisor import ChildProcess
 
-HYBRID_PD = [sys.executable, "-m", "hybrid_pd.proxy.cli"]  # works where console scripts were not installed
+HYBRID_PD = [sys.executable, "-m", "hybrid_pd.prefill.launch.command"]  # works where console scripts were not installed
 
 
 class PeakMemory:
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     args.logs.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     if args.model == "tiny":
-        from hybrid_pd.prefill.tiny_model import build_tiny_model
+        from hybrid_pd.prefill.dev.tiny_model import build_tiny_model
 
         print(f"[demo] tiny hybrid model: {build_tiny_model()}", flush=True)
     children = build_children(args)

@@ -1,5 +1,5 @@
-"""The `hybrid-pd` command. The proxy is the system's front door, so the command that names every part
-lives beside it.
+"""The `hybrid-pd` command (pyproject.toml's [project.scripts]): one subcommand per process a user starts, each
+a module's main(argv), imported only when named (the proxy's image has no vLLM, a worker's needs no proxy).
 
     hybrid-pd prefill [flags] [-- vLLM flags]   a prefill worker (KV producer)
     hybrid-pd decode  [flags] [-- vLLM flags]   a decode worker (KV consumer)
@@ -17,8 +17,8 @@ SUBCOMMANDS = {
     "prefill": "hybrid_pd.prefill.cli",
     "decode": "hybrid_pd.decode.cli",
     "proxy": "hybrid_pd.proxy.server",
-    "demo": "hybrid_pd.proxy.demo",
-    "build-model": "hybrid_pd.prefill.tiny_model",
+    "demo": "hybrid_pd.prefill.dev.demo",
+    "build-model": "hybrid_pd.prefill.dev.tiny_model",
 }
 
 

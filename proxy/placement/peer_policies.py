@@ -12,7 +12,7 @@ but no checkpoint at that boundary counts as holding the prefix (the hybrid misr
     non-cached-tokens   llm-d's prefix-based PD decider: a prefiller when the tokens D has not cached reach
                         `threshold` (`nonCachedTokens`; 128 = 8 of its prefix plugin's 16-token blocks)
 
-Pure functions: the fleet simulator imports them with placement.place.
+Pure functions: the fleet simulator imports them with cost_model.place.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The file exists while the worker is warm and not stopping, and names the process
 to mean anything: the launcher and the engine (vLLM's API server), each as (pid, start time in clock ticks
 since boot, from /proc/PID/stat). The probe passes only while both of those exact processes run:
 
-    python3 -m hybrid_pd.prefill.ready /tmp/hybrid-pd-ready     # exit 0: ready; 1: not
+    python3 -m hybrid_pd.prefill.launch.ready /tmp/hybrid-pd-ready     # exit 0: ready; 1: not
 
 A file left behind by a killed container (an OOM kill leaves the pod's emptyDir as it was) names a launcher
 that is gone, even where the new launcher got the same PID (PID 1 of the container): its start time differs.
@@ -81,7 +81,7 @@ def check(path: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python3 -m hybrid_pd.prefill.ready READY_FILE", file=sys.stderr)
+        print("usage: python3 -m hybrid_pd.prefill.launch.ready READY_FILE", file=sys.stderr)
         return 2
     why = check(args[0])
     if why:

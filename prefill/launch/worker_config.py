@@ -11,14 +11,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import sys
-from pathlib import Path
 from typing import Literal
 
-from hybrid_pd.prefill.core_neighbours import parse_cores
-from hybrid_pd.prefill.errors import ConfigError
-from hybrid_pd.proxy.kv.block_hash import LAUNCHER_HASH_SEED  # shared with the proxy, which tries it too
+from hybrid_pd.connector.contract import LAUNCHER_HASH_SEED, TINY_SERVED_NAME  # the proxy tries the seed too
+from hybrid_pd.prefill.launch.cpu_affinity import parse_cores
+from hybrid_pd.prefill.launch.errors import WorkerConfigError
+from hybrid_pd.prefill.launch.flags import ROLE_DEFAULTS, default_device, flag
+from hybrid_pd.prefill.launch.probes import (
+    model_kind,
+    port_is_free,
+    vllm_has_retention_interval,
+    vllm_none_hash_is_random,
+)
 
 Role = Literal["prefill", "decode"]
 ConnectorName = Literal["hybrid", "upstream", "none"]
@@ -45,53 +50,56 @@ OWNED_VLLM_FLAGS = {
     "--prefix-cache-retention-interval": "--checkpoint-every",
 }
 WILDCARDS = ("0.0.0.0", "::", "")
-HYBRID_LAYER_KINDS = {"linear_attention", "mamba", "mamba2", "ssm", "conv", "short_conv", "gdn"}
-HYBRID_ARCHITECTURES = {
-    "Qwen3NextForCausalLM",
-    "Qwen3_5ForCausalLM",
-    "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration",
-    "NemotronHForCausalLM",
-    "GraniteMoeHybridForCausalLM",
-    "FalconH1ForCausalLM",
-    "JambaForCausalLM",
-    "Lfm2ForCausalLM",
-    "Lfm2MoeForCausalLM",
-    "Zamba2ForCausalLM",
-    "BambaForCausalLM",
-    "Plamo2ForCausalLM",
-}
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkerConfig:
+    """A worker's settings, each declared once with its flag (flags.py builds `hybrid-pd prefill|decode`'s parser
+    from them; ports and cores default per role, flags.ROLE_DEFAULTS)."""
+
     role: Role
-    model: str
-    host: str = "127.0.0.1"
-    advertise_host: str | None = None  # what peers dial (NIXL side channel); default: host, or $POD_IP
-    port: int = 8100
-    connector: ConnectorName = "hybrid"
-    side_channel_port: int = 5600
-    kv_events_port: int = 5700
-    device: Literal["cpu", "gpu"] = "cpu"
-    cpu_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-3"
-    kv_cache_gib: float = 1.0  # CPU: VLLM_CPU_KVCACHE_SPACE
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int = 4096
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 4096
-    tensor_parallel_size: int = 1
-    prefix_caching: bool = True
-    mamba_cache_mode: str = "align"
-    # Keep a Mamba checkpoint every N prompt tokens (a multiple of the aligned block): prefill chunks end there
-    # and vLLM retains the state, so a prompt that diverges mid-way still hits the last boundary before the
-    # divergence. 0: vLLM's default, only the prompt's last boundary (and shared-prefix junctions).
-    checkpoint_every: int = 0
-    conv_state_layout: str = "DS"
-    nixl_progress_delay_us: int = 1000
-    seed: int = 0
-    served_model_name: str | None = None
-    extra_vllm_args: tuple[str, ...] = ()
+    model: str = flag(help="model folder or id; 'tiny' builds the tiny hybrid model", cli_default="tiny")
+    host: str = flag("127.0.0.1", "address vLLM's API server binds")
+    advertise_host: str | None = flag(
+        None, "address peers dial for the NIXL side channel (default: --host, or $POD_IP)"
+    )
+    port: int = flag(ROLE_DEFAULTS["prefill"]["port"], "vLLM's API port")
+    connector: ConnectorName = flag(
+        "hybrid",
+        "hybrid: our connector; upstream: vLLM's NixlConnector (the baseline); none: no PD",
+        choices=("hybrid", "upstream", "none"),
+    )
+    side_channel_port: int = flag(
+        ROLE_DEFAULTS["prefill"]["side_channel_port"], "NIXL handshake port (one per TP rank from here)"
+    )
+    kv_events_port: int = flag(
+        ROLE_DEFAULTS["prefill"]["kv_events_port"], "ZMQ port where the worker publishes KV-cache events for the proxy"
+    )
+    device: Literal["cpu", "gpu"] = flag(default_device, "the installed vLLM's kind", choices=("cpu", "gpu"))
+    cpu_bind: str | None = flag(None, "cores for the CPU engine's threads ('0', '0-3'): VLLM_CPU_OMP_THREADS_BIND")
+    kv_cache_gib: float = flag(1.0, "CPU KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE)")
+    gpu_memory_utilization: float = flag(0.9, "vLLM's share of the GPU's memory")
+    max_model_len: int = flag(4096, "vLLM's --max-model-len")
+    max_num_seqs: int = flag(8, "vLLM's --max-num-seqs")
+    max_num_batched_tokens: int = flag(4096, "vLLM's --max-num-batched-tokens")
+    tensor_parallel_size: int = flag(1, "vLLM's --tensor-parallel-size")
+    prefix_caching: bool = flag(True, "refused for hybrid models", name="--no-prefix-caching", negate=True)
+    mamba_cache_mode: str = flag("align", "vLLM's --mamba-cache-mode (only align keeps the checkpoints PD ships)")
+    # Prefill chunks end at every checkpoint and vLLM retains the state there, so a prompt that diverges mid-way
+    # still hits the last boundary before the divergence. 0: vLLM's default, only the prompt's last boundary (and
+    # shared-prefix junctions).
+    checkpoint_every: int = flag(
+        0,
+        "keep a Mamba checkpoint every TOKENS prompt tokens (a multiple of the aligned block), so prompts that "
+        "diverge mid-way still hit; also caps a step at TOKENS tokens (0: vLLM's default, the prompt's last "
+        "boundary only)",
+        metavar="TOKENS",
+    )
+    conv_state_layout: str = flag("DS", "vLLM's conv-state layout (NIXL moves DS only)", choices=("DS", "SD"))
+    nixl_progress_delay_us: int = flag(1000, "NIXL progress-thread poll delay (0 spins a whole core)")
+    seed: int = flag(0, "vLLM's --seed")
+    served_model_name: str | None = flag(None, f"name clients use (default for the tiny model: {TINY_SERVED_NAME})")
+    extra_vllm_args: tuple[str, ...] = ()  # what follows `--` on the command line
     check_ports_free: bool = True
     warnings: tuple[str, ...] = dataclasses.field(default=(), init=False, compare=False)
 
@@ -99,7 +107,7 @@ class WorkerConfig:
         problems, warnings = self._check()
         object.__setattr__(self, "warnings", tuple(warnings))
         if problems:
-            raise ConfigError(problems)
+            raise WorkerConfigError(problems)
 
     # ---- validation -------------------------------------------------------------------------------------
     def _check(self) -> tuple[list[str], list[str]]:
@@ -148,11 +156,11 @@ class WorkerConfig:
             problems.append(f"--connector {self.connector}: choose hybrid, upstream or none")
         problems += self._check_ports()
         for arg in self.extra_vllm_args:
-            flag = arg.split("=", 1)[0]
-            if flag in OWNED_VLLM_FLAGS:
+            given = arg.split("=", 1)[0]
+            if given in OWNED_VLLM_FLAGS:
                 problems.append(
-                    f"{flag} after '--' overrides a validated setting: use the launcher's "
-                    f"{OWNED_VLLM_FLAGS[flag]} instead"
+                    f"{given} after '--' overrides a validated setting: use the launcher's "
+                    f"{OWNED_VLLM_FLAGS[given]} instead"
                 )
         if self.device == "cpu" and self.kv_cache_gib <= 0:
             problems.append("--kv-cache-gib must be > 0")
@@ -177,20 +185,20 @@ class WorkerConfig:
     def _check_ports(self) -> list[str]:
         problems = []
         owner: dict[int, str] = {}
-        for flag, ports in self._port_uses().items():
+        for name, ports in self._port_uses().items():
             for port in ports:
                 if not 0 < port < 65536:
-                    problems.append(f"{flag} {port} is not a valid port")
+                    problems.append(f"{name} {port} is not a valid port")
                 elif port in owner:
-                    problems.append(f"{flag} {port} collides with {owner[port]}: give each a distinct port")
+                    problems.append(f"{name} {port} collides with {owner[port]}: give each a distinct port")
                 else:
-                    owner[port] = flag
+                    owner[port] = name
         if self.check_ports_free and not problems:
-            for port, flag in owner.items():
-                if flag == "--kv-events-port" and self.host not in WILDCARDS:
+            for port, name in owner.items():
+                if name == "--kv-events-port" and self.host not in WILDCARDS:
                     continue  # vLLM's publisher connects to a concrete address: the subscriber (proxy) binds it
                 if not port_is_free(self.host, port):
-                    problems.append(f"{flag} {port} is already in use on {self.host}: pick a free port")
+                    problems.append(f"{name} {port} is already in use on {self.host}: pick a free port")
         return problems
 
     @property
@@ -318,62 +326,3 @@ class WorkerConfig:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind
                 env["HYBRID_PD_KEEP_AFFINITY"] = "1"  # connector/affinity_guard.py: vLLM's NixlConnector moves threads
         return {k: v for k, v in env.items() if v != ""}
-
-
-def vllm_source(module_path: str) -> str:
-    """The installed vLLM's source of one module ('v1/core/kv_cache_utils.py'), read instead of imported (the
-    launcher decides vLLM's flags before vLLM starts); '' if there is none."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return ""
-    try:
-        return (Path(list(spec.submodule_search_locations)[0]) / module_path).read_text()
-    except OSError:
-        return ""
-
-
-def vllm_none_hash_is_random(source: str | None = None) -> bool:
-    """True when the installed vLLM seeds NONE_HASH with random bytes if PYTHONHASHSEED is unset (< 0.27; later
-    releases fall back to the fixed "vllm-none-hash")."""
-    if source is None:
-        source = vllm_source("v1/core/kv_cache_utils.py")
-    return "NONE_HASH = BlockHash(os.urandom" in source and "DEFAULT_NONE_HASH_SEED" not in source
-
-
-def vllm_has_retention_interval(source: str | None = None) -> bool:
-    """True when the installed vLLM has `--prefix-cache-retention-interval` (0.32 has it, 0.26 does not). Without
-    it, align mode already keeps the Mamba state at the end of every scheduler step that ends on a block boundary
-    (0.26's CacheConfig.mamba_cache_mode), so capping the step at the interval is the whole of --checkpoint-every;
-    passing the flag there would make vLLM refuse to start."""
-    if source is None:
-        source = vllm_source("config/cache.py")
-    return "prefix_cache_retention_interval" in source
-
-
-def model_kind(model: str) -> Literal["hybrid", "attention", "unknown"]:
-    """Read a local model's config.json: 'hybrid' if it mixes Mamba/linear-attention and attention layers."""
-    path = Path(model) / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return "unknown"
-    text_cfg = cfg.get("text_config", cfg)
-    if set(cfg.get("architectures") or []) & HYBRID_ARCHITECTURES:
-        return "hybrid"
-    kinds = {str(k).lower() for k in (text_cfg.get("layer_types") or text_cfg.get("layers_block_type") or [])}
-    if kinds & HYBRID_LAYER_KINDS or "M" in str(text_cfg.get("hybrid_override_pattern", "")):
-        return "hybrid"
-    return "attention"
-
-
-def port_is_free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # for annotations only: transformers takes seconds to import,
     from transformers import PretrainedConfig
 
 
-class TinyModelSpec(Protocol):
+class FamilyKnobs(Protocol):
     """The knobs every builder maps (tiny_model.TinyModelSpec has them; tiny_model imports this module)."""
 
     @property
@@ -35,7 +35,7 @@ class TinyModelSpec(Protocol):
     def init_std(self) -> float: ...
 
 
-ConfigBuilder = Callable[[TinyModelSpec, int], "PretrainedConfig"]  # (spec, vocab size) -> a model config
+ConfigBuilder = Callable[[FamilyKnobs, int], "PretrainedConfig"]  # (spec, vocab size) -> a model config
 FAMILIES: dict[str, ConfigBuilder] = {}
 # bump a family's revision when its builder's output changes (its cached folders then rebuild, the others stay):
 # zamba2 1 = tied embeddings
@@ -50,7 +50,7 @@ def family(name: str) -> Callable[[ConfigBuilder], ConfigBuilder]:
     return register
 
 
-def common(spec: TinyModelSpec, vocab: int) -> dict[str, Any]:
+def common(spec: FamilyKnobs, vocab: int) -> dict[str, Any]:
     return dict(
         vocab_size=vocab,
         hidden_size=spec.hidden_size,
@@ -64,11 +64,11 @@ def common(spec: TinyModelSpec, vocab: int) -> dict[str, Any]:
     )
 
 
-def is_attention(spec: TinyModelSpec, i: int) -> bool:
+def is_attention(spec: FamilyKnobs, i: int) -> bool:
     return (i + 1) % spec.full_attention_interval == 0
 
 
-def gated_delta_net(spec: TinyModelSpec, vocab: int) -> dict[str, Any]:
+def gated_delta_net(spec: FamilyKnobs, vocab: int) -> dict[str, Any]:
     """What Qwen3-Next and Qwen3.5 share: GDN linear attention beside gated full attention (partial RoPE)."""
     return common(spec, vocab) | dict(
         intermediate_size=2 * spec.hidden_size,
@@ -86,7 +86,7 @@ def gated_delta_net(spec: TinyModelSpec, vocab: int) -> dict[str, Any]:
 
 
 @family("qwen3_next")
-def qwen3_next(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
+def qwen3_next(spec: FamilyKnobs, vocab: int) -> PretrainedConfig:
     """Qwen3-Next (GDN linear attention + gated full attention + MoE; vLLM needs >= 1 MoE layer)."""
     from transformers import Qwen3NextConfig
 
@@ -104,13 +104,13 @@ def qwen3_next(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
     return cfg
 
 
-def mamba2_widths(spec: TinyModelSpec) -> dict[str, int]:
+def mamba2_widths(spec: FamilyKnobs) -> dict[str, int]:
     """Mamba2 mixer widths shared by the Mamba2 families: heads * head_dim = 2 * hidden, 64-wide heads."""
     return dict(heads=2 * spec.hidden_size // 64, head_dim=64, state=16, chunk=128)
 
 
 @family("nemotron_h")
-def nemotron_h(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
+def nemotron_h(spec: FamilyKnobs, vocab: int) -> PretrainedConfig:
     """Nemotron-H (Mamba2, attention and MLP as separate layers, 'M-*-': each mixer followed by an MLP)."""
     from transformers import NemotronHConfig
 
@@ -137,7 +137,7 @@ def nemotron_h(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
 
 
 @family("granite_moe_hybrid")
-def granite_moe_hybrid(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
+def granite_moe_hybrid(spec: FamilyKnobs, vocab: int) -> PretrainedConfig:
     """Granite-4.0-H (Mamba2 layers and attention layers without position embedding, MoE + shared MLP)."""
     from transformers import GraniteMoeHybridConfig
 
@@ -165,7 +165,7 @@ def granite_moe_hybrid(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
 
 
 @family("falcon_h1")
-def falcon_h1(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
+def falcon_h1(spec: FamilyKnobs, vocab: int) -> PretrainedConfig:
     """Falcon-H1 (attention and Mamba2 side by side in every layer, so every layer holds both states)."""
     from transformers import FalconH1Config
 
@@ -190,7 +190,7 @@ def falcon_h1(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
 
 
 @family("jamba")
-def jamba(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
+def jamba(spec: FamilyKnobs, vocab: int) -> PretrainedConfig:
     """Jamba (Mamba1: per-channel SSM state, no heads; attention every Nth layer; MoE every other layer)."""
     from transformers import JambaConfig
 
@@ -214,7 +214,7 @@ def jamba(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
 
 
 @family("qwen3_5")
-def qwen3_5(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
+def qwen3_5(spec: FamilyKnobs, vocab: int) -> PretrainedConfig:
     """Qwen3.5 text model (GDN linear attention + gated full attention, dense MLP), trained as transformers'
     Qwen3_5ForCausalLM and saved as released Qwen3.5 checkpoints are (`qwen3_5_release_layout`)."""
     from transformers import Qwen3_5TextConfig
@@ -260,7 +260,7 @@ def qwen3_5_release_layout(folder: Path) -> None:
 
 
 @family("lfm2")
-def lfm2(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
+def lfm2(spec: FamilyKnobs, vocab: int) -> PretrainedConfig:
     """LFM2 (gated short convolution layers, state = the last few inputs, + attention layers)."""
     from transformers import Lfm2Config
 
@@ -282,7 +282,7 @@ def lfm2(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
 
 
 @family("zamba2")
-def zamba2(spec: TinyModelSpec, vocab: int) -> PretrainedConfig:
+def zamba2(spec: FamilyKnobs, vocab: int) -> PretrainedConfig:
     """Zamba2 (Mamba2 backbone; 'hybrid' layers add one shared attention+MLP block on [h, embeddings]).
 
     Tied embeddings, as in the released Zamba2-1.2B and 2.7B (their configs leave `tie_word_embeddings` at its

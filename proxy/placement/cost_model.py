@@ -34,10 +34,10 @@ from D to a prefiller; a worker that cannot serve is never an option. This holds
 whose prefill costs at least what reading its KV costs (per_token >= kv_mb_per_token * read_ms_per_mb; on every
 GPU we measured, by two orders of magnitude).
 
-In the proxy (pd_flow.py) the choice is D alone or remote; a remote turn's prefiller is then the prefill router's
+In the proxy (decider.py) the choice is D alone or remote; a remote turn's prefiller is then the prefill router's
 pick, as with every policy (with kv_hit or queue_cost routing it is the option's P_i or one as warm).
 
-Priors (PRIORS) come from our GPU results; `placement_online.OnlineRates` updates them from the proxy's own
+Priors (PRIORS) come from our GPU results; `online_rates.OnlineRates` updates them from the proxy's own
 observations. This module imports nothing of the proxy: the fleet simulator imports it as is.
 """
 
@@ -95,7 +95,7 @@ class Rates:
 #   read_ms_per_mb                 median of the decoders' transfer time / bytes over cuda_ipc
 #   kv_mb_per_token, checkpoint_mb least squares over (tokens pulled, bytes) of our PD turns
 #   step_ms, step_ms_per_seq       the clients' ITL p50 at c=1 (7.1 ms) and c=8 (8.6 ms) of the agentic rows
-# Other shapes and machines differ: the online fit (placement_online.py) takes over from a deployment's first
+# Other shapes and machines differ: the online fit (online_rates.py) takes over from a deployment's first
 # requests.
 PRIORS = Rates(
     prefill_step_ms=52.0,

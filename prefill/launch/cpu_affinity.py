@@ -1,4 +1,4 @@
-"""Other hybrid-pd workers on this machine bound to the same cores (`--cpu-bind`).
+"""The launcher's CPU cores: its own (`pin`), and other hybrid-pd workers on this machine bound to the same ones.
 
 Two CPU engines on one core starve each other's threads. A prefiller alone with the decoder on one core now
 feeds it (tests/e2e/test_contention.py), but in 2P1D on two cores every KV load from the prefiller that shares
@@ -10,6 +10,7 @@ silently. Found by their command lines in /proc, not by asking them.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 ROLES = ("prefill", "decode")
@@ -72,3 +73,17 @@ def sharing(cores: set[int], defaults: dict[str, str], proc: Path = Path("/proc"
         if theirs and theirs & cores:
             out.append(f"the {role} worker pid {entry.name} (--cpu-bind {spec})")
     return out
+
+
+def pin(cores: set[int], bind: str, defaults: dict[str, str]) -> None:
+    """Warn about other workers on these cores, then bind this process to them. Every process the launcher starts
+    inherits its cores from the first instruction: vLLM's own binding comes late (its worker), and until then
+    `import torch` ran wherever the scheduler put it, once for minutes behind a busy decoder's spinning core."""
+    for other in sharing(cores, defaults):
+        print(
+            f"[hybrid-pd] warning: --cpu-bind {bind} shares cores with {other}: two engines on one core starve each "
+            "other's threads (slower steps and KV transfers); give each worker cores of its own",
+            file=sys.stderr,
+            flush=True,
+        )
+    os.sched_setaffinity(0, cores)

@@ -1,7 +1,7 @@
 """Errors of the worker launchers (prefill and decode share them).
 
 WorkerError
-+-- ConfigError        a configuration known to break; the message names the flag to change
++-- WorkerConfigError  a configuration known to break; the message names the flag to change
 +-- WorkerStartError   the vLLM child died or never became healthy; carries its last log lines
 """
 
@@ -12,7 +12,7 @@ class WorkerError(Exception):
     pass
 
 
-class ConfigError(WorkerError):
+class WorkerConfigError(WorkerError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("refusing to start:\n" + "\n".join(f"  - {p}" for p in problems))

@@ -1,0 +1,19 @@
+"""Names and values the processes agree on: the launchers, the proxy and the connector each import them from here.
+
+A small module that imports nothing, so that no launcher imports the proxy (or the proxy a launcher) for one
+string, and no two copies of a name can drift apart.
+"""
+
+# NONE_HASH's seed when the workers set no PYTHONHASHSEED (vllm/v1/core/kv_cache_utils.py DEFAULT_NONE_HASH_SEED)
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+# vLLM < 0.27 derives NONE_HASH from os.urandom unless PYTHONHASHSEED is set: workers and the proxy could never
+# agree on block hashes. The launchers then set this seed (prefill/launch/worker_config.py), and the proxy tries
+# it too (proxy/kv/index.py).
+LAUNCHER_HASH_SEED = "0"
+
+# In the prefill request's kv_transfer_params: the engine id whose handshake the decoder the proxy picked holds
+# already (the proxy keeps track, proxy/handshakes.py); the prefiller of that id leaves its handshakes out.
+DECODER_KNOWS = "hybrid_pd_decoder_knows"
+
+# The name clients use for the tiny model (`--model tiny`, the launchers' and the demo's default).
+TINY_SERVED_NAME = "hybrid-pd-tiny"

@@ -1,0 +1,143 @@
+"""The placement decision for one turn of the PD flow, and what the turn then teaches the cost model's rates.
+
+decide(turn, D)      the shared gates, then the policy (disagg.decide) over the request's hits (its hit memo,
+                     kv/request_hits.py) and the workers' loads; policy ours runs the cost model over D and
+                     every admitted prefiller (cost_model.place)
+misroute(turn, D)    a hybrid misroute counted: D computed a prompt for a hit that was attention-only
+learn(turn)          the rates fed what the turn showed (online_rates.py): P's call as a prefill, a streamed
+                     turn D served alone as one, what a PD turn's TTFT had beyond P's call as the hop
+observe_step(...)    a streamed answer's inter-token time as D's step at its batch
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..kv.groups import aligned_block
+from ..metrics import FlowRecorder
+from ..routing import RequestContext
+from ..state import ProxyState
+from ..turn import LOCAL_PREFILL, REMOTE_PREFILL, Turn
+from ..workers import Worker
+from .cost_model import Placement, WorkerView, local_steps, place
+from .disagg import decide, gate, is_remote
+
+log = logging.getLogger("hybrid_pd.proxy")
+
+
+class Decider:
+    def __init__(self, state: ProxyState, record: FlowRecorder):
+        self.state = state
+        self.config = state.config.disagg
+        self.record = record
+        if self.config.pd_policy == "hit-ratio":
+            log.warning(
+                "--decoder-hit-ratio selects the deprecated --pd-policy hit-ratio (a share of the prompt on the "
+                "decoder); the default policy (ours) places each turn by its predicted TTFT "
+                "(proxy/placement/cost_model.py)"
+            )
+
+    def decide(self, turn: Turn, decoder: Worker) -> str:
+        """The policy's decision (disagg.py); the cost model runs only past the shared gates."""
+        cfg, context, body, state = self.config, turn.context, turn.body, self.state
+        prompt_tokens = len(context.token_ids) if context.token_ids else None
+        prefillers = state.pool.admitted("prefill")
+        block = aligned_block(state.kv_index.specs)
+        turn.streams = decoder.streams  # every proxy's streams where D's /metrics are read
+        turn.decided = time.perf_counter()
+        has_prefillers = bool(state.pool.all("prefill"))
+        gated = gate(
+            cfg,
+            eligible=body.single_prompt,
+            has_prefillers=has_prefillers,
+            prompt_chars=body.prompt_chars,
+            prompt_tokens=prompt_tokens,
+        )
+        policy, attention_hit = cfg.pd_policy, None
+        if gated is None and prompt_tokens is not None:
+            if policy == "ours" and prefillers:
+                turn.placement = self._place(context, decoder, prefillers, prompt_tokens, block)
+            elif policy in ("isl-bounding", "non-cached-tokens") and state.kv_index.workers:
+                attention_hit = context.attention_only(state.deps).get(decoder.url, 0)
+        return decide(
+            cfg,
+            eligible=body.single_prompt,
+            has_prefillers=has_prefillers,
+            prompt_chars=body.prompt_chars,
+            prompt_tokens=prompt_tokens,
+            decoder_hit=self._decoder_hit(context, decoder),
+            aligned_block=block,
+            decoder_busy=round(decoder.load),
+            prefill_hit=self._best_prefill_hit(context) if policy == "hit-ratio" else None,
+            placement=turn.placement,
+            attention_hit=attention_hit,
+        )
+
+    def _place(
+        self, context: RequestContext, decoder: Worker, prefillers: list[Worker], prompt_tokens: int, block: int
+    ) -> Placement:
+        """cost_model.place over the decoder and every admitted prefiller, with their joint hits (0 where the
+        index knows none) and loads, at the rates learned so far."""
+        state = self.state
+        hits = context.all_hits(state.deps) if state.kv_index.workers else {}
+        d = WorkerView(decoder.url, hits.get(decoder.url, 0), decoder.streams)
+        ps = [WorkerView(p.url, hits.get(p.url, 0), p.streams, p.queued_tokens) for p in prefillers]
+        itl_slo = self.config.itl_slo_ms
+        return place(prompt_tokens, d, ps, state.rates.rates, itl_slo_ms=itl_slo, aligned_block=block)
+
+    def _decoder_hit(self, context: RequestContext, decoder: Worker) -> int | None:
+        if not context.token_ids or decoder.url not in self.state.kv_index.workers:
+            return None
+        return context.hit_on(self.state.deps, decoder.url)
+
+    def _best_prefill_hit(self, context: RequestContext) -> int | None:
+        """The largest usable hit of the prompt on an admitted prefiller, None where the index knows none."""
+        known = [w for w in self.state.pool.admitted("prefill") if w.url in self.state.kv_index.workers]
+        if not context.token_ids or not known:
+            return None
+        return max(context.hit_on(self.state.deps, w.url) for w in known)
+
+    def misroute(self, turn: Turn, decoder: Worker, decision: str) -> None:
+        """A hybrid misroute: the decider let D compute the prompt for a hit it counted over attention blocks
+        alone, past D's last checkpoint there (the peers' deciders read attention-only hits; ours and hit-ratio
+        the joint one, so theirs is never one). Counted with the tokens D recomputes for it."""
+        attention = turn.context.attention_hits
+        if is_remote(decision) and turn.transfer_params is not None or attention is None:
+            return
+        over = attention.get(decoder.url, 0) - turn.context.hit_on(self.state.deps, decoder.url)
+        if over > 0:
+            self.record.misroute(self.config.pd_policy, over)
+
+    def learn(self, turn: Turn) -> None:
+        """Feed the cost model's rates with what this turn showed (online_rates.py): P's call as a prefill; a
+        streamed turn D served alone (its TTFT) as one; what a PD turn's TTFT had beyond P's call as the hop."""
+        n = len(turn.context.token_ids or ())
+        if n < 2:
+            return
+        rates = self.state.rates
+        r = rates.rates
+        block = aligned_block(self.state.kv_index.specs)
+        ttft = (turn.first_byte - turn.decided) * 1000 if turn.first_byte is not None else None
+        if turn.mode == REMOTE_PREFILL and turn.prefill_ms is not None:
+            tail = n - ((n - 1) // block) * block if block > 0 else 1
+            p_hit = min(turn.prefill_hit or 0, n - tail)
+            computed = max(n - tail - p_hit, 1)
+            if turn.prefill_alone:
+                rates.observe_prefill(computed, p_hit, r.chunks(computed), turn.prefill_ms)
+            if ttft is not None:
+                d_hit = min(turn.decoder_hit or 0, n - tail)
+                read = ((n - tail - d_hit) * r.kv_mb_per_token + r.checkpoint_mb) * r.read_ms_per_mb
+                tail_ms = tail * r.prefill_ms_per_token
+                rates.observe_hop(ttft - turn.prefill_ms - read - r.step(turn.streams + 1) - tail_ms)
+        elif turn.mode == LOCAL_PREFILL and ttft is not None and turn.placement is not None:
+            hit = turn.reported_hit if turn.reported_hit is not None else n - turn.placement.options[0].decoder_tokens
+            hit = min(max(hit, 0), n - 1)
+            steps = local_steps(n, hit, block, r.chunk_tokens)
+            rates.observe_prefill(n - hit, hit, steps, ttft - steps * r.step_ms_per_seq * turn.streams)
+
+    def observe_step(self, turn: Turn, completion_tokens: int, ended: float) -> None:
+        """A streamed answer of more than one token: its mean inter-token time as D's step at its batch."""
+        if turn.first_byte is not None and completion_tokens > 1:
+            step_ms = (ended - turn.first_byte) * 1000 / (completion_tokens - 1)
+            self.state.rates.observe_step(turn.streams + 1, step_ms)
