@@ -78,11 +78,15 @@ cd "$ROOT"
 case "$cmd" in
   env)  echo "$VENV" ;;
   demo) exec "$VENV/bin/hybrid-pd" demo "$@" ;;
-  test)  # two lanes: the fast one (no vLLM engine) fails first; then the tests that start engines
+  test)  # two lanes: the fast one (no vLLM engine) fails first; then the tests that start engines. Each says its
+         # wall time. Coverage only when asked (--cov=hybrid_pd): the engine lane's then appends to the fast lane's.
     lane() { local name=$1 t0=$SECONDS; shift; log "test lane: $name"
              "$VENV/bin/python" -m pytest tests "$@" || { log "lane $name failed after $((SECONDS - t0)) s"; return 1; }
              log "lane $name passed in $((SECONDS - t0)) s"; }
-    lane fast -m "not engines" "$@" && lane engines -m engines --cov-append "$@" ;;
+    append=(); case " $* " in *" --cov"*) append=(--cov-append) ;; esac
+    t0=$SECONDS rc=0
+    lane fast -m "not engines" "$@" && lane engines -m engines "${append[@]}" "$@" || rc=$?
+    log "tests: $((SECONDS - t0)) s"; exit "$rc" ;;
   bench) exec "$VENV/bin/python" -m tests.bench.run "$@" ;;
   run)  exec "$@" ;;
   *)    echo "usage: bash deploy/dev.sh {demo|test|bench|env|run CMD...}" >&2; exit 2 ;;
