@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny models and a module-scoped launcher that stops every process by PID."""
+"""Shared fixtures: the tiny models, the session's pool of engines (tests/support/engines.py) and a module-scoped
+launcher that stops every process by PID; the engine lane's order."""
 
 from __future__ import annotations
 
@@ -6,7 +7,24 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.engines import EnginePool, Engines
 from tests.support.procs import Launched
+
+POOL = pytest.StashKey[EnginePool]()
+# The order of the modules that share engines (tests/support/engines.py), chosen so that the pool seldom stops an
+# engine a later module asks for: the module whose three upstream engines crowd the pool first, then the plain
+# engine's, then those of our prefiller and decoder, then the other tiny families. Modules not named here run after.
+SHARING_ORDER = (
+    "tests/e2e/test_upstream_pd.py",
+    "tests/proxy/test_bad_input_engine.py",
+    "tests/proxy/test_real_engine.py",
+    "tests/connector/test_digest_engines.py",
+    "tests/connector/test_engines.py",
+    "tests/proxy/test_handshakes_engine.py",
+    "tests/proxy/test_placement_engines.py",
+    "tests/proxy/test_tokenizer_engine.py",
+    "tests/connector/test_families.py",
+)
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +46,43 @@ def logs_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("logs")
 
 
+@pytest.fixture(scope="session")
+def engine_pool(request, logs_dir):
+    pool = request.config.stash[POOL] = EnginePool(logs_dir)
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture(scope="module")
+def engine_set(request, engine_pool):
+    """`engine_set(specs, vllm_args=())`: this module's named engines (`Engines`), from the session's pool."""
+    return lambda specs, vllm_args=(): Engines(engine_pool, request.node.nodeid, specs, vllm_args)
+
+
+def shares_engines(item) -> bool:
+    return "engine_set" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items):
+    """The modules that share engines first, in SHARING_ORDER, then those that start their own: the pool stops its
+    engines after its last user. Each module's tests stay together and in their order."""
+    def rank(item) -> tuple[int, int]:
+        if not shares_engines(item):
+            return 2, 0
+        path = item.nodeid.split("::")[0]
+        return (0, SHARING_ORDER.index(path)) if path in SHARING_ORDER else (1, 0)
+
+    items.sort(key=rank)  # stable
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    pool = item.config.stash.get(POOL, None)
+    if pool and shares_engines(item) and not (nextitem and shares_engines(nextitem)):
+        pool.stop_all()  # the rest of the session starts its own engines: the memory is theirs
+
+
 @pytest.fixture(scope="module")
 def launch(logs_dir):
     """Start processes; every one is stopped by PID when the module's tests are done."""
@@ -43,11 +98,18 @@ def launch(logs_dir):
         proc.stop()
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The largest |top-1 log-probability delta| of each output comparison against one engine this session, and
-    how far each negative control moved the answer."""
+def pytest_terminal_summary(terminalreporter, config):
+    """Every engine the pool started (module, seconds to healthy); the largest |top-1 log-probability delta| of each
+    output comparison against one engine this session, and how far each negative control moved the answer."""
     from tests.support.controls import MOVES
     from tests.support.conversation import LOGPROB_TOL, PARITY
+
+    pool = config.stash.get(POOL, None)
+    if pool and pool.starts:
+        terminalreporter.write_sep("-", f"engines started by the pool: {len(pool.starts)}, "
+                                        f"{sum(s for _, _, s in pool.starts):.0f} s to healthy")
+        for owner, name, seconds in pool.starts:
+            terminalreporter.write_line(f"{seconds:6.1f} s  {owner}: {name}")
 
     if PARITY:
         terminalreporter.write_sep("-", f"log-probability parity (tolerance {LOGPROB_TOL} nats)")

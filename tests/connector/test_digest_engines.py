@@ -1,9 +1,10 @@
 """KV integrity digests with real engines: bytes corrupted in flight on the decoder are caught before the
 request is scheduled, the load fails, D recomputes and answers as one engine, and the mismatch is counted.
 
-Three engines, never more than two at once (2-core test bed): REF (`--connector none`) computes the
-references, then P + D, where D's test hook (HYBRID_PD_TEST_CORRUPT_READS=1) flips a byte in the blocks its
-first READ landed, before it checks them against P's digests.
+Three engines from the session's pool (tests/support/engines.py): REF (`--connector none`) computes the
+references, then P (digests on, the default: the test checks P sent them) + D, where D's test hook
+(HYBRID_PD_TEST_CORRUPT_READS=1) flips a byte in the blocks its first READ landed, before it checks them against
+P's digests.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 import pytest
 
 from tests.support.conversation import assert_same_greedy, greedy_reference, text_of
-from tests.support.engines import Engines, pd_complete
+from tests.support.engines import pd_complete
 from tests.support.procs import metric_sum, scrape_metrics
 
 pytestmark = pytest.mark.engines
@@ -22,10 +23,10 @@ CORRUPTED, HEALTHY = text_of(700, 97_001), text_of(600, 97_002)  # P ships 2 att
 
 
 @pytest.fixture(scope="module")
-def engines(launch, tiny_model):
-    return Engines(launch, {
+def engines(engine_set, tiny_model):
+    return engine_set({
         "ref": ("decode", "none", "1", tiny_model, {}),
-        "p": ("prefill", "hybrid", "0", tiny_model, {"HYBRID_PD_LEASE_S": "10", "HYBRID_PD_KV_DIGESTS": "1"}),
+        "p": ("prefill", "hybrid", "0", tiny_model, {"HYBRID_PD_LEASE_S": "10"}),
         "d": ("decode", "hybrid", "1", tiny_model, {"HYBRID_PD_KV_DIGESTS": "1", "HYBRID_PD_TEST_CORRUPT_READS": "1"}),
     })
 

@@ -1,10 +1,10 @@
 """Real engines with our connector, started by the launchers: PD equals one engine, moves minimal bytes,
 ships Mamba checkpoints D can reuse, survives a dead prefiller, and leaks no blocks on P.
 
-Never more than two engines at once (2-core test bed): first REF (`--connector none`) computes every
-reference output, then P_OTHER (other weights) + D, then P + D: D outlives the killed P_OTHER and pairs
-with P, a new prefiller, without a restart; last, the negative controls of a turn D serves alone (P + D, then
-P + a decoder that zeroes the states it reads).
+The engines come from the session's pool (tests/support/engines.py; REF, P and D are other modules' too): first
+REF (`--connector none`) computes every reference output, then P_OTHER (other weights) + D, then P + D: D outlives
+the killed P_OTHER and pairs with P, a new prefiller, without a restart; last, the negative controls of a turn D
+serves alone (P + D, then P + a decoder that zeroes the states it reads).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.support import controls
 from tests.support.conversation import (ANSWER_TOKENS, assert_same_greedy, cached, colocated_pass, complete,
                                         decided_tokens, greedy_reference, logprob_delta, text_of, tokenize)
 from tests.support.conversation import LOGPROB_FLOOR, LOGPROB_TOL, PARITY
-from tests.support.engines import Engines, d_metrics, delta, pd_complete
+from tests.support.engines import d_metrics, delta, pd_complete
 from tests.support.procs import free_port
 from tests.support.tiny_layout import BS, MAMBA_LAYERS, STATE, minimal_bytes
 
@@ -44,8 +44,8 @@ def conversation(url: str, answer, turns: int, salt: int) -> list[tuple[list[int
 
 
 @pytest.fixture(scope="module")
-def engines(launch, tiny_model, tiny_model_other_weights):
-    return Engines(launch, {
+def engines(engine_set, tiny_model, tiny_model_other_weights):
+    return engine_set({
         "ref": ("decode", "none", "1", tiny_model, {}),
         "p": ("prefill", "hybrid", "0", tiny_model, {"HYBRID_PD_LEASE_S": "10"}),
         "p_other": ("prefill", "hybrid", "0", tiny_model_other_weights, {"HYBRID_PD_LEASE_S": "10"}),
@@ -128,7 +128,7 @@ def dead_prefiller_read(engines, reference, decoder: str) -> None:
     pd_complete(urls["p_other"], urls[decoder], text_of(300, 78))  # D knows P's agent from here on
     prompt = text_of(400, 77)
     p_resp = complete(urls["p_other"], prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
-    victim = engines.running.pop("p_other")
+    victim = engines.take("p_other")
     for proc in [*victim.descendants(), psutil.Process(victim.pid)]:  # vLLM runs in its own group
         proc.send_signal(signal.SIGKILL)
     victim.stop()
@@ -326,7 +326,7 @@ def test_a_failed_load_is_computed_on_the_decoder_never_decoded_from_unloaded_bl
 
 def test_a_failed_read_on_the_pre_032_path_is_computed_on_the_decoder(engines, reference):
     """The same dead-prefiller READ on vLLM < 0.32's way of reporting loads (forced on this release); placed
-    last, beside the other d_legacy test, so the engines restart once."""
+    last, beside the other d_legacy test, so that D_LEGACY starts once."""
     dead_prefiller_read(engines, reference, "d_legacy")
 
 
@@ -334,7 +334,7 @@ def test_a_failed_read_on_the_pre_032_path_is_computed_on_the_decoder(engines, r
 def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(engines, reference, control):
     """A turn served by D alone from a boundary whose shipped bytes were spoiled (tests/support/controls.py):
     D's answer must move away from one engine's. From healthy bytes it stays within the tolerance. Placed last:
-    D, then the decoder that zeroes what it reads, start once each."""
+    the decoder that zeroes what it reads starts once."""
     decoder = "d_zero" if control == "zeroed state" else "d"
     urls = engines.up("p", decoder)
     moved = controls.check(urls["p"], urls[decoder], controls.group_kinds(engines.logs["p"]), reference["controls"],

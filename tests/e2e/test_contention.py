@@ -22,7 +22,7 @@ import time
 import pytest
 
 from tests.support.conversation import complete, text_of
-from tests.support.procs import HYBRID_PD, free_port, metric_sum, scrape_metrics, worker_argv
+from tests.support.procs import HYBRID_PD, free_port, kv_events, metric_sum, scrape_metrics, worker_argv
 
 pytestmark = pytest.mark.engines
 
@@ -30,31 +30,41 @@ CORE = "0"  # the prefiller's and the busy neighbour's
 LAYOUTS = {"one core": "0", "spanning": "0-1"}  # the decoder's cores
 
 
+@pytest.fixture(scope="module")
+def prefiller(launch, tiny_model):
+    """P on core 0, started alone; both layouts use it (one start less)."""
+    port = free_port()
+    argv = worker_argv("prefill", connector="hybrid", port=port, cpu_bind=CORE, model=tiny_model)
+    p = launch("prefill", argv, f"http://127.0.0.1:{port}")
+    p.wait_healthy(400)
+    return p
+
+
 @pytest.fixture(scope="module", params=list(LAYOUTS))
-def shared_core(request, launch, tiny_model):
+def shared_core(request, launch, tiny_model, prefiller):
+    """D in the layout's cores (started after P: its launcher finds P), the proxy, and the busy neighbour on core 0,
+    spinning from when both engines serve (what the tests measure) until the layout is done (a start beside it
+    takes twice as long)."""
     d_cores = LAYOUTS[request.param]
     tag = request.param.replace(" ", "-")
+    port = free_port()
+    argv = worker_argv("decode", connector="hybrid", port=port, cpu_bind=d_cores, model=tiny_model)
+    d = launch(f"{tag}-decode", argv, f"http://127.0.0.1:{port}")
+    d.wait_healthy(400)
+    proxy_port = free_port()
+    proxy = launch(f"{tag}-proxy", [HYBRID_PD, "proxy", "--port", str(proxy_port), "--prefill", prefiller.url,
+                                    "--decode", d.url, "--prefill-events", kv_events(prefiller),
+                                    "--decode-events", kv_events(d), "--pd-policy", "always-remote"],
+                   f"http://127.0.0.1:{proxy_port}")
+    proxy.wait_healthy(60)
     hog = subprocess.Popen(["taskset", "-c", CORE, sys.executable, "-c", "while True: pass"])
     try:
-        ports = {k: free_port() for k in ("p", "d", "proxy")}
-        procs = {}
-        for key, role, cores in (("p", "prefill", CORE), ("d", "decode", d_cores)):  # P first: D's launcher finds it
-            argv = worker_argv(role, connector="hybrid", port=ports[key], cpu_bind=cores, model=tiny_model)
-            procs[key] = launch(f"{tag}-{role}", argv, f"http://127.0.0.1:{ports[key]}")
-            procs[key].wait_healthy(400)
-        events = {k: procs[k].argv[procs[k].argv.index("--kv-events-port") + 1] for k in ("p", "d")}
-        proxy = launch(f"{tag}-proxy", [HYBRID_PD, "proxy", "--port", str(ports["proxy"]), "--prefill", procs["p"].url,
-                                        "--decode", procs["d"].url, "--prefill-events", f"tcp://127.0.0.1:{events['p']}",
-                                        "--decode-events", f"tcp://127.0.0.1:{events['d']}",
-                                        "--pd-policy", "always-remote"],
-                       f"http://127.0.0.1:{ports['proxy']}")
-        proxy.wait_healthy(60)
-        yield procs["p"], procs["d"], proxy
-        for proc in (*procs.values(), proxy):  # the next layout needs the cores
-            proc.stop()
+        yield prefiller, d, proxy
     finally:
         hog.kill()
         hog.wait(10)
+    for proc in (d, proxy):  # the next layout needs the cores
+        proc.stop()
 
 
 def test_every_load_succeeds_on_a_shared_busy_core_and_p_frees_its_blocks(shared_core):

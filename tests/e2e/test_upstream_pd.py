@@ -3,7 +3,8 @@ NixlConnector (the baseline), plus a prefiller with other weights as the negativ
 
 Engines: REF (no connector, core 1), P (producer, core 0), P_OTHER (producer, core 0, other weights: random
 "dummy" weights from the same model folder, since upstream's handshake refuses a peer whose model path
-differs), D (consumer, core 1). The PD flow is the toy proxy's, done here by hand, so this module does not depend on
+differs), D (consumer, core 1), all from the session's pool (tests/support/engines.py; REF is other modules' too).
+The PD flow is the toy proxy's, done here by hand, so this module does not depend on
 our proxy or our connector.
 """
 
@@ -14,7 +15,8 @@ import psutil
 import pytest
 
 from tests.support.conversation import assert_same_greedy, greedy_reference, text_of
-from tests.support.procs import free_port, http_json, metric_sum, scrape_metrics, worker_argv
+from tests.support.engines import Spec
+from tests.support.procs import http_json, metric_sum, scrape_metrics
 
 pytestmark = pytest.mark.engines
 
@@ -23,19 +25,15 @@ def transferred_bytes(d_url: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def engines(launch, tiny_model):
-    ports = {name: free_port() for name in ("ref", "p", "p_other", "d")}
-    specs = {
-        "ref": worker_argv("decode", connector="none", port=ports["ref"], cpu_bind="1", model=tiny_model),
-        "p": worker_argv("prefill", connector="upstream", port=ports["p"], cpu_bind="0", model=tiny_model),
-        "p_other": worker_argv("prefill", connector="upstream", port=ports["p_other"], cpu_bind="0",
-                               model=tiny_model, extra=["--", "--load-format", "dummy"]),
-        "d": worker_argv("decode", connector="upstream", port=ports["d"], cpu_bind="1", model=tiny_model),
-    }
-    procs = {name: launch(name, argv, f"http://127.0.0.1:{ports[name]}") for name, argv in specs.items()}
-    for proc in procs.values():
-        proc.wait_healthy(900)
-    return procs
+def engines(engine_set, tiny_model):
+    engines = engine_set({
+        "ref": ("decode", "none", "1", tiny_model),
+        "p": ("prefill", "upstream", "0", tiny_model),
+        "p_other": Spec.of("prefill", "upstream", "0", tiny_model, vllm_args=("--load-format", "dummy")),
+        "d": ("decode", "upstream", "1", tiny_model),
+    })
+    engines.up("ref", "p", "p_other", "d")
+    return engines
 
 
 def complete(url: str, prompt: str, max_tokens: int = 12, **extra) -> dict:
@@ -121,7 +119,7 @@ def test_the_upstream_prefillers_forward_thread_stays_on_its_core(engines):
 
 
 def test_launchers_stop_vllm_and_its_engine_core_on_sigterm(engines):
-    d = engines["d"]
+    d = engines.take("d")  # no later module gets the decoder this test stops
     children = d.descendants()
     assert len(children) >= 2  # vLLM's API server and its engine core, under our launcher
     assert d.stop() == []  # nothing needed SIGKILL

@@ -15,7 +15,6 @@ from hybrid_pd.proxy.app import serve_in_background
 from hybrid_pd.proxy.config import ProxyConfig
 from tests.proxy.fakes import run
 from tests.proxy.test_request_fields import FINDINGS, PATHS
-from tests.support.procs import free_port, worker_argv
 
 pytestmark = pytest.mark.engines
 
@@ -28,13 +27,8 @@ BODIES = [*FINDINGS, COMBINED]
 
 
 @pytest.fixture(scope="module")
-def engine_url(request):
-    launch, tiny_model = request.getfixturevalue("launch"), request.getfixturevalue("tiny_model")
-    port = free_port()
-    argv = worker_argv("decode", connector="none", port=port, cpu_bind="1", model=tiny_model)
-    proc = launch("bad-input-engine", argv, f"http://127.0.0.1:{port}")
-    proc.wait_healthy(900)
-    return proc.url
+def engine_url(engine_set, tiny_model):
+    return engine_set({"engine": ("decode", "none", "1", tiny_model)}).up("engine")["engine"]
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:

@@ -13,14 +13,14 @@ from hybrid_pd.proxy.app import serve_in_background
 from hybrid_pd.proxy.config import ProxyConfig
 from tests.proxy.fakes import run
 from tests.support.conversation import text_of
-from tests.support.engines import Engines, d_metrics, delta
+from tests.support.engines import d_metrics, delta
 
 pytestmark = pytest.mark.engines
 
 
-def test_later_turns_read_without_the_handshake(launch, tiny_model):
-    urls = Engines(launch, {"p": ("prefill", "hybrid", "0", tiny_model, {}),
-                            "d": ("decode", "hybrid", "1", tiny_model, {})}).up("p", "d")
+def test_later_turns_read_without_the_handshake(engine_set, tiny_model):
+    urls = engine_set({"p": ("prefill", "hybrid", "0", tiny_model, {"HYBRID_PD_LEASE_S": "10"}),
+                       "d": ("decode", "hybrid", "1", tiny_model, {})}).up("p", "d")
 
     async def body():
         config = ProxyConfig.from_flat({"port": 0, "prefill": [urls["p"]], "decode": [urls["d"]],

@@ -2,7 +2,7 @@
 the prefiller computed, is placed on the decoder alone by the model (policy ours, at its priors) and answers
 as one engine does.
 
-Opt-in (engines: ~40 s each, two at a time on the 2-core bed): runs with `-m engines`.
+Opt-in (engines: ~40 s each; these three are other modules' too, from the session's pool): runs with `-m engines`.
 """
 
 from __future__ import annotations
@@ -18,30 +18,25 @@ from hybrid_pd.proxy.kv.block_hash import chained_block_hashes
 from hybrid_pd.proxy.placement.online_rates import OnlineRates
 from tests.proxy.fakes import metric_value, run
 from tests.support.conversation import ANSWER_TOKENS, assert_same_greedy, complete, greedy_reference, text_of, tokenize
-from tests.support.procs import free_port, worker_argv
+from tests.support.procs import kv_events
 from tests.support.tiny_layout import BS
 
 pytestmark = pytest.mark.engines
 
 
-def start(launch, name: str, role: str, connector: str, core: str, model: str):
-    port = free_port()
-    argv = worker_argv(role, connector=connector, port=port, cpu_bind=core, model=model)
-    return launch(name, argv, f"http://127.0.0.1:{port}"), f"tcp://127.0.0.1:{argv[argv.index('--kv-events-port') + 1]}"
-
-
-def test_a_decoder_alone_turn_the_model_chose_answers_as_one_engine(launch, tiny_model):
-    ref, _ = start(launch, "placement-ref", "decode", "none", "1", tiny_model)
-    ref.wait_healthy(900)
+def test_a_decoder_alone_turn_the_model_chose_answers_as_one_engine(engine_set, tiny_model):
+    engines = engine_set({"ref": ("decode", "none", "1", tiny_model),
+                          "p": ("prefill", "hybrid", "0", tiny_model, {"HYBRID_PD_LEASE_S": "10"}),
+                          "d": ("decode", "hybrid", "1", tiny_model)})
+    engines.up("ref")
+    ref = engines["ref"]
     ids = tokenize(ref.url, text_of(600, 29_000))[: 2 * BS + 20]  # P stops at 2 blocks, D computes 20 tokens
     first = complete(ref.url, ids, 8, return_token_ids=True)["choices"][0]["token_ids"]
     nxt = ids + first + tokenize(ref.url, " " + text_of(6, 29_001))  # within the same aligned block
     bar = greedy_reference(ref.url, nxt, ANSWER_TOKENS)
-    ref.stop()
-    p, p_events = start(launch, "placement-p", "prefill", "hybrid", "0", tiny_model)
-    d, d_events = start(launch, "placement-d", "decode", "hybrid", "1", tiny_model)
-    p.wait_healthy(900)
-    d.wait_healthy(900)
+    engines.up("p", "d")
+    p, d = engines["p"], engines["d"]
+    p_events, d_events = kv_events(p), kv_events(d)
 
     async def body():
         config = ProxyConfig.from_flat({"port": 0, "prefill": [p.url], "decode": [d.url],

@@ -18,19 +18,17 @@ from hybrid_pd.proxy.config import ProxyConfig
 from hybrid_pd.proxy.kv.block_hash import chained_block_hashes
 from tests.proxy.fakes import run
 from tests.support.conversation import text_of
-from tests.support.procs import free_port, worker_argv
+from tests.support.procs import kv_events
 
 pytestmark = pytest.mark.engines
 
 
 @pytest.fixture(scope="module")
-def engine(request):
-    launch, tiny_model = request.getfixturevalue("launch"), request.getfixturevalue("tiny_model")
-    port = free_port()
-    argv = worker_argv("decode", connector="none", port=port, cpu_bind="1", model=tiny_model)
-    proc = launch("proxy-kv-engine", argv, f"http://127.0.0.1:{port}")
-    proc.wait_healthy(900)
-    return proc.url, f"tcp://127.0.0.1:{argv[argv.index('--kv-events-port') + 1]}"
+def engine(engine_set, tiny_model):
+    engines = engine_set({"engine": ("decode", "none", "1", tiny_model)})
+    engines.up("engine")
+    proc = engines["engine"]
+    return proc.url, kv_events(proc)
 
 
 def test_index_predicts_the_engine_prefix_hit(engine):

@@ -26,7 +26,7 @@ from hybrid_pd.proxy.openai_api import parse_request
 from hybrid_pd.proxy.tokenizer import LocalTokenizer
 from tests.proxy.fakes import run
 from tests.support.conversation import text_of
-from tests.support.procs import free_port, http_json, worker_argv
+from tests.support.procs import http_json, kv_events
 
 pytestmark = pytest.mark.engines
 
@@ -38,15 +38,14 @@ LOGPROB_TOLERANCE = 0.022  # nats: the correctness tests' tolerance (twice the h
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def engine(request, launch):
+def engine(request, engine_set):
+    """One plain engine per family (the reference engine of tests/connector/test_families.py)."""
     model = str(build_tiny_model(TinyModelSpec(family=request.param)))
-    port = free_port()
-    vllm_args = FAMILY_VLLM_ARGS.get(request.param, ())
-    argv = worker_argv("decode", connector="none", port=port, cpu_bind="1", model=model,
-                       extra=["--", *vllm_args] if vllm_args else [])
-    proc = launch(f"tokenizer-{request.param}", argv, f"http://127.0.0.1:{port}", FAMILY_ENV.get(request.param))
-    proc.wait_healthy(900)
-    return proc.url, f"tcp://127.0.0.1:{argv[argv.index('--kv-events-port') + 1]}", model
+    engines = engine_set({request.param: ("decode", "none", "1", model, FAMILY_ENV.get(request.param, {}))},
+                         FAMILY_VLLM_ARGS.get(request.param, ()))
+    engines.up(request.param)
+    proc = engines[request.param]
+    return proc.url, kv_events(proc), model
 
 
 def openai_bodies(ids: list[int]) -> list[tuple[str, dict]]:

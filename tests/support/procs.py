@@ -132,6 +132,11 @@ def metric_sum(metrics: dict[str, float], name: str) -> float:
     return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
 
 
+def kv_events(worker: Launched) -> str:
+    """The ZMQ address of a launched worker's KV-event publisher (its --kv-events-port)."""
+    return f"tcp://127.0.0.1:{worker.argv[worker.argv.index('--kv-events-port') + 1]}"
+
+
 def worker_argv(role: str, *, connector: str, port: int, cpu_bind: str, model: str | None = None,
                 extra: list[str] = ()) -> list[str]:
     """A launcher command for tests. HYBRID_PD_TEST_DEVICE=gpu runs the same tests on a GPU machine
