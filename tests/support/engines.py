@@ -86,6 +86,10 @@ class EnginePool:
             self.held[spec].owner, self.held[spec].used = owner, next(self._clock)
         return {name: self.held[spec].proc for name, spec in wanted.items()}
 
+    def stop(self, spec: Spec) -> None:
+        if spec in self.held:
+            self.held.pop(spec).proc.stop()
+
     def take(self, spec: Spec) -> Launched:
         """Hand an engine over for good (to a test that kills or stops it): the pool forgets it."""
         return self.held.pop(spec).proc
@@ -132,6 +136,11 @@ class Engines:
 
     def __getitem__(self, name: str) -> Launched:
         return self.running[name]
+
+    def stop(self, name: str) -> None:
+        """Stop `name` now: no later test asks for it (room for the next engines)."""
+        self.running.pop(name, None)
+        self.pool.stop(self.specs[name])
 
     def take(self, name: str) -> Launched:
         """The running engine `name`, no longer the pool's: the caller kills or stops it."""
