@@ -60,6 +60,10 @@ setup_env() {
     echo "$stamp" > "$DEPS/.hybrid-pd-deps"
   fi
   [ -x "$VENV/bin/python" ] || { log "creating $VENV (this clone's own)"; "$PY" -m venv --without-pip "$VENV"; }
+  if [ ! -x "$VENV/bin/pytest" ]; then  # the shared venv's pytest runs its own python, which cannot see this clone
+    printf '#!/bin/sh\nexec "%s/bin/python" -m pytest "$@"\n' "$VENV" > "$VENV/bin/pytest"
+    chmod +x "$VENV/bin/pytest"
+  fi
   local deps_site; deps_site=$(site_of "$DEPS")
   echo "$deps_site" > "$(site_of "$VENV")/hybrid_pd_deps.pth"  # a path, not code: the shared dependencies
   # This clone, editable (cheap; redone when the package list or entry points change).
