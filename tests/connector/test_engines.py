@@ -307,7 +307,7 @@ def test_a_failed_load_is_computed_on_the_decoder_never_decoded_from_unloaded_bl
     answers: the READ never happens. D must compute the prompt itself (from its own hit where it has one) and
     answer exactly as one engine, on vLLM >= 0.32's per-request failure channel and on the older path (failure
     rewound by the scheduler side)."""
-    urls = engines.up("p", decoder)
+    urls = engines.up("p", decoder, ahead=("p_other",) if decoder == "d_legacy" else ())  # the next test's
 
     def failed_pd(prompt: str) -> str:
         p_resp = complete(urls["p"], prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True})

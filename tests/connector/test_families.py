@@ -104,7 +104,7 @@ def test_pd_output_equals_one_engine_and_depends_on_what_moved(family):
     # CPU the tiny Qwen3.5 read a wrong 127-token tail past its own 256-token hit, its first log-probability
     # moved from -0.17 to -0.29, and its greedy answer stayed, because it computes the last prompt token itself.)
     # D now holds the wrong blocks under that prompt's hash: no other test sends it.
-    urls = family["engines"].up("p_n1", "d")
+    urls = family["engines"].up("p_n1", "d", ahead=("d_zero",))  # the last tests' decoder
     wrong = complete(urls["p_n1"], family["other"], max_tokens=1, kv_transfer_params={"do_remote_decode": True})
     before = d_metrics(urls["d"])
     d_wrong = complete(urls["d"], family["fresh"], kv_transfer_params=wrong["kv_transfer_params"], logprobs=1)
