@@ -1,6 +1,6 @@
 """Real engines for the engine lane, shared by its modules, and the PD calls and decoder metrics its tests share.
 
-An engine takes 35-60 s to start and holds 2-3 GB; most modules want the same few (one plain engine of the tiny
+An engine takes 20-60 s to start and holds 2-3 GB; most modules want the same few (one plain engine of the tiny
 model, a prefiller and a decoder with our connector). So every engine comes from one pool per session, keyed by its
 configuration (`Spec`): a module that asks for a configuration the pool already runs gets that engine, with its
 prefix cache emptied first (vLLM's development endpoint /reset_prefix_cache), so that it holds what a fresh engine
@@ -77,11 +77,12 @@ class EnginePool:
             idle = [s for s in self.held if s not in names]
             assert idle, f"{owner} wants {len(names)} engines at once, the pool runs at most {self.capacity}"
             self.held.pop(min(idle, key=lambda s: self.held[s].used)).proc.stop()
-        started = {spec: (self._start(owner, names[spec], spec), time.monotonic()) for spec in missing}
-        for spec, (proc, t0) in started.items():  # they start side by side
-            proc.wait_healthy(300)
+        t0 = time.monotonic()
+        for spec in missing:  # side by side; held at once, so that stop_all stops one that never got healthy
+            self.held[spec] = _Held(self._start(owner, names[spec], spec), owner, 0)
+        for spec in missing:
+            self.held[spec].proc.wait_healthy(300)
             self.starts.append((owner, names[spec], time.monotonic() - t0))
-            self.held[spec] = _Held(proc, owner, 0)
         for spec in names:
             self.held[spec].owner, self.held[spec].used = owner, next(self._clock)
         return {name: self.held[spec].proc for name, spec in wanted.items()}
@@ -104,7 +105,8 @@ class EnginePool:
                            extra=["--", *spec.vllm_args] if spec.vllm_args else [])
         env = {**dict(spec.env), "VLLM_SERVER_DEV_MODE": "1"}  # serves /reset_prefix_cache, for the next module
         module = owner.rpartition("/")[2].removesuffix(".py")
-        return Launched(f"{module}-{name}-{len(self.starts)}", argv, f"http://127.0.0.1:{port}", self.logs_dir, env)
+        log_name = f"{module}-{name}-{next(self._clock)}"  # a clock tick: unique
+        return Launched(log_name, argv, f"http://127.0.0.1:{port}", self.logs_dir, env)
 
     @staticmethod
     def _empty_cache(proc: Launched) -> bool:
