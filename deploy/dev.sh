@@ -2,7 +2,7 @@
 # hybrid-pd developer entry point. Creates or refreshes the project's virtual environment, then runs:
 #   bash deploy/dev.sh demo    run the whole system on its embedded default (tiny model, 1 P + 1 D + proxy)
 #   bash deploy/dev.sh test    run the test suite (what CI runs): the fast lane, then the engine lane
-#   bash deploy/dev.sh bench   run the benchmark harness (tests/bench/run.py; writes tests/bench/results/)
+#   bash deploy/dev.sh bench   run the benchmark harness (benchmarks/run.py; writes benchmarks/results/<date>-cpu-workloads/)
 #   bash deploy/dev.sh env     only set up the environment and print the venv's path
 #   bash deploy/dev.sh run ARGS...   run any command inside the environment
 # Two environments: the heavy dependencies (vLLM, torch, NIXL; several GB) live in one shared venv outside the
@@ -91,7 +91,7 @@ case "$cmd" in
     t0=$SECONDS rc=0
     lane fast -m "not engines" "$@" && lane engines -m engines "${append[@]}" "$@" || rc=$?
     log "tests: $((SECONDS - t0)) s"; exit "$rc" ;;
-  bench) exec "$VENV/bin/python" -m tests.bench.run "$@" ;;
+  bench) exec "$VENV/bin/python" -m benchmarks.run "$@" ;;
   run)  exec "$@" ;;
   *)    echo "usage: bash deploy/dev.sh {demo|test|bench|env|run CMD...}" >&2; exit 2 ;;
 esac

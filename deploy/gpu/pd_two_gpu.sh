@@ -5,10 +5,10 @@
 #   bash deploy/gpu/pd_two_gpu.sh REPORT_DIR [PREFILL_GPU] [DECODE_GPU] [MODEL] [CONNECTOR]
 # Needs hybrid-pd and vLLM importable (a venv, or PYTHONPATH from install_wheelhouse.sh).
 #
-# At real model shapes (deploy/gpu/real_shapes.py, after `bench_gpu.sh install` and `bench_gpu.sh model KIND`), the
-# three set-ups of the GPU benchmark with P on GPU 0 and D on GPU 1 (results/2026-11-24-h200x2-*, 2-4 min each;
+# At real model shapes (benchmarks/gpu/real_shapes.py, after `bench_gpu.sh install` and `bench_gpu.sh model KIND`), the
+# three set-ups of the GPU benchmark with P on GPU 0 and D on GPU 1 (benchmarks/results/2026-11-24-h200x2-*, 2-4 min each;
 # split them over device calls of under 10 minutes with SETUPS):
-#   SETUPS="colocated upstream hybrid-pd-1p1d" bash deploy/gpu/pd_two_gpu.sh real KIND OUT [bench_gpu.py flags]
+#   SETUPS="colocated upstream hybrid-pd-1p1d" bash deploy/gpu/pd_two_gpu.sh real KIND OUT [benchmarks/gpu/bench.py flags]
 set -euo pipefail
 if [ "${1:-}" = real ]; then
   kind=${2:?qwen3next|nemotronh}; out=${3:?out folder}; shift 3

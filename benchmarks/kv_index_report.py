@@ -96,7 +96,7 @@ def targets(rows: list[dict]) -> list[str]:
 
 def write_summary(folder: Path) -> None:
     lines = ["# The proxy's KV routing index at fleet scale: before (per-worker sets) and after (block -> workers)",
-             "", "Workload (tests/bench/kv_index_workload.py): attention blocks of 16 tokens, a Mamba checkpoint every "
+             "", "Workload (benchmarks/kv_index_workload.py): attention blocks of 16 tokens, a Mamba checkpoint every "
              "256; every worker holds a shared 2k-token system prompt and 16-64 sessions of 8k tokens behind it (or "
              "as many as make N blocks per worker); probes of 8.7k tokens. Both indexes get the same events and "
              "must pick the same worker (asserted).", ""]

@@ -1,7 +1,7 @@
 """KV integrity digest cost on this machine's CPU: microseconds per MB for block layouts of the tiny test
 model and of Qwen3-Next-sized pages, next to a plain copy of the same bytes (torch clone).
 
-    bash deploy/dev.sh run python -m tests.bench.kv_digest_bench [--reps 20] [--out DIR]
+    bash deploy/dev.sh run python -m benchmarks.kv_digest_bench [--reps 20] [--out DIR]
 
 Each case digests `blocks` blocks of `layers` layer tensors the way the connector does on P (after the
 prompt's last step) and on D (after the READ lands): connector/kv_digest.digest_blocks, one call per KV-cache

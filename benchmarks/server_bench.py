@@ -3,8 +3,8 @@ replaced by, serving the same answers on one core each: aiohttp's web server (Ap
 proxy had it), aiohttp's low-level `web.Server`, uvicorn's httptools protocol with a bare ASGI callable, and
 granian (Rust, RSGI, one worker with one runtime thread).
 
-    bash deploy/dev.sh run python -m tests.bench.server_bench [--gap-ms 2] [--requests 1000]
-    bash deploy/dev.sh run python -m tests.bench.server_bench --events 32 --event-interval-ms 1
+    bash deploy/dev.sh run python -m benchmarks.server_bench [--gap-ms 2] [--requests 1000]
+    bash deploy/dev.sh run python -m benchmarks.server_bench --events 32 --event-interval-ms 1
 
 Without --events the answer is a small JSON body (a request's head and body read, one write); with it the
 answer is an SSE stream of N events written `--event-interval-ms` apart, the shape of the proxy's relay of a
@@ -30,8 +30,8 @@ import aiohttp
 import psutil
 import uvloop
 
-from tests.bench.proxy_bench import HARNESS_CORE, PROXY_CORE, ROOT, stop_all, wait_healthy
-from tests.support.procs import free_port
+from benchmarks.procs import free_port
+from benchmarks.proxy_bench import HARNESS_CORE, PROXY_CORE, ROOT, stop_all, wait_healthy
 
 BODY = b'{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"length"}]}'
 REQUEST = b'{"model":"m","prompt":"hello world","max_tokens":1}'
@@ -151,7 +151,7 @@ def serve_granian(port: int) -> None:
     from granian.server import Server
 
     os.environ["HYBRID_PD_BENCH_STREAM"] = f"{STREAM['events']},{STREAM['interval_s']}"
-    Server("tests.bench.server_bench:rsgi_app", address="127.0.0.1", port=port, interface=Interfaces.RSGI,
+    Server("benchmarks.server_bench:rsgi_app", address="127.0.0.1", port=port, interface=Interfaces.RSGI,
            workers=1, runtime_threads=1, loop=Loops.uvloop, log_access=False).serve()
 
 
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         ports = {}
         for name in servers:
             ports[name] = free_port()
-            argv = ["taskset", "-c", str(PROXY_CORE), sys.executable, "-m", "tests.bench.server_bench",
+            argv = ["taskset", "-c", str(PROXY_CORE), sys.executable, "-m", "benchmarks.server_bench",
                     "--serve", name, str(ports[name]), str(args.events), str(args.event_interval_ms / 1e3)]
             procs.append(subprocess.Popen(argv, env=env))
         for proc, name in zip(procs, servers):

@@ -1,4 +1,4 @@
-"""Cost curves of one engine kind, fitted to a GPU results folder (deploy/gpu/results/<run>/part-*.json[.gz]).
+"""Cost curves of one engine kind, fitted to a GPU results folder (benchmarks/results/<run>/part-*.json[.gz]).
 
 What each measurement fits (the probes are single requests, each with every server's /metrics before and after):
 

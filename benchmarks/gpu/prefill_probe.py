@@ -1,8 +1,8 @@
 """The prefiller alone: the same prompts on one prefill engine per set-up, to find where a prefill's time goes.
 
-    python3 deploy/gpu/prefill_probe.py --setup none|upstream|hybrid|hybrid-noship --model DIR --out DIR
+    python3 -m benchmarks.gpu.prefill_probe --setup none|upstream|hybrid|hybrid-noship --model DIR --out DIR
 
-Each set-up is one prefill engine started by our launcher with the GPU benchmark's flags (bench_setups.py:
+Each set-up is one prefill engine started by our launcher with the GPU benchmark's flags (setups.Gpus:
 same memory share, CUDA graphs, warm-up), differing only in its connector: none (no PD), upstream (vLLM's
 NixlConnector) and ours, with and without shipping checkpoints (HYBRID_PD_SHIP_CHECKPOINTS=0). Every set-up
 gets the same requests in the same order, the P leg of a PD turn (max_tokens=1, stream off, `do_remote_decode`
@@ -20,19 +20,15 @@ step's wall time, the top kernels and vLLM's own annotated regions.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_setups  # noqa: E402
-from bench_client import log, metric_deltas, post_json, scrape  # noqa: E402
-from bench_setups import Engines  # noqa: E402
+from benchmarks.client import log, metric_deltas, post_json, scrape
+from benchmarks.setups import Gpus, Workers
 
 KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
              "remote_block_ids": None, "remote_host": None, "remote_port": None}
@@ -99,38 +95,31 @@ def summarize_traces(folder: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setup", required=True, choices=["none", "upstream", "hybrid", "hybrid-noship", "hybrid-full"])
-    ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--util", type=float, default=0.28)
-    ap.add_argument("--max-model-len", type=int, default=40960)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    ap.add_argument("--max-num-seqs", type=int, default=16)
-    ap.add_argument("--checkpoint-every", type=int, default=0)
-    ap.add_argument("--graphs", default="decode")
-    ap.add_argument("--launcher-warmup", default="2048,8192")
-    ap.add_argument("--v2", action="store_true")
+    Gpus.add_flags(ap)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"prefill-logs-{args.setup}"
     logs.mkdir(parents=True, exist_ok=True)
     prof_dir = Path(f"/tmp/prefill-prof-{args.setup}")
-    if args.profile:  # vLLM's torch profiler (GPU kernels and CPU ops), on for the last round only
-        base_extra = bench_setups.vllm_extra
-        conf = {"profiler": "torch", "torch_profiler_dir": str(prof_dir), "torch_profiler_with_stack": False}
-        bench_setups.vllm_extra = lambda a: base_extra(a) + ["--profiler-config", json.dumps(conf)]
-    engines = Engines(args, logs)
-    connector = {"none": "none", "upstream": "upstream"}.get(args.setup, "hybrid")
+    env = {}
     if args.setup == "hybrid-noship":
-        engines.env["HYBRID_PD_SHIP_CHECKPOINTS"] = "0"
+        env["HYBRID_PD_SHIP_CHECKPOINTS"] = "0"
     if args.setup == "hybrid-full":  # P computes N-1 tokens (before P stopped at the last boundary below N)
-        engines.env["HYBRID_PD_PREFILL_TO_BOUNDARY"] = "0"
+        env["HYBRID_PD_PREFILL_TO_BOUNDARY"] = "0"
+    machine = Gpus.from_args(args, env)
+    if args.profile:  # vLLM's torch profiler (GPU kernels and CPU ops), on for the last round only
+        conf = {"profiler": "torch", "torch_profiler_dir": str(prof_dir), "torch_profiler_with_stack": False}
+        machine = dataclasses.replace(machine, vllm_extra=("--profiler-config", json.dumps(conf)))
+    engines = Workers(machine, logs)
+    connector = {"none": "none", "upstream": "upstream"}.get(args.setup, "hybrid")
     result: dict = {"setup": args.setup, "args": {k: str(v) for k, v in vars(args).items()}, "rows": [],
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     part = args.out / f"prefill-{args.setup}.json"
     try:
-        p = engines.ready(engines.worker("prefill", "prefill", connector, 0))
+        p = engines.ready(engines.start("prefill", "prefill", connector))
         result["start_s"] = engines.start_s
         for label, ids, p_leg in prompts(args.seed):
             body = {"model": "m", "prompt": ids, "max_tokens": 1, "stream": False, "temperature": 0}

@@ -2,10 +2,10 @@
 kv_transfer_params): per request P's time, D's time, and D's handshake / load log lines. The failing shared-core layout
 is the default: P on core 0, D on cores 0-1 (there every load failed its handshake, 10 of 10, D waiting 25 s each).
 
-    bash deploy/dev.sh run python -m tests.bench.side_channel_probe [--p-cores 0] [--d-cores 0-1] [--requests 4]
+    bash deploy/dev.sh run python -m benchmarks.side_channel_probe [--p-cores 0] [--d-cores 0-1] [--requests 4]
 
 While it runs, `ss -ltnp` shows P's side channel (backlog 100) and its accept queue (Recv-Q), and
-/proc/<P worker>/task/*/sched each thread's switches: see tests/bench/results/burst.md.
+/proc/<P worker>/task/*/sched each thread's switches: see benchmarks/results/2026-11-24-cpu-burst/summary.md.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.setups import CpuBed, Workers
 from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from tests.support.conversation import complete, text_of
-from tests.support.procs import Launched, free_port, worker_argv
 
 
 def main() -> None:
@@ -30,22 +30,12 @@ def main() -> None:
     logs = a.logs or Path(tempfile.mkdtemp(prefix="side-channel-probe-"))
     logs.mkdir(parents=True, exist_ok=True)
     model = str(build_tiny_model(TinyModelSpec()))
-    pp, dp = free_port(), free_port()
-    p = Launched(
-        "p",
-        worker_argv("prefill", connector="hybrid", port=pp, cpu_bind=a.p_cores, model=model),
-        f"http://127.0.0.1:{pp}",
-        logs,
-    )
-    d = Launched(
-        "d",
-        worker_argv("decode", connector="hybrid", port=dp, cpu_bind=a.d_cores, model=model),
-        f"http://127.0.0.1:{dp}",
-        logs,
-    )
+    workers = Workers(CpuBed(model, prefill_core=a.p_cores, decode_core=a.d_cores), logs)
+    p = workers.start("p", "prefill", "hybrid")
+    d = workers.start("d", "decode", "hybrid")
     try:
-        p.wait_healthy(300)
-        d.wait_healthy(300)
+        workers.ready(p, 300)
+        workers.ready(d, 300)
         print(f"P cores {a.p_cores}, D cores {a.d_cores}; logs in {logs}", flush=True)
         seen = 0
         for i in range(a.requests):
@@ -62,8 +52,7 @@ def main() -> None:
             print(f"request {i}: {took}; {' | '.join(lines)}", flush=True)
             time.sleep(0.5)
     finally:
-        d.stop()
-        p.stop()
+        workers.close()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Benchmark harness: the same workloads through every set-up, in one run, side by side.
 
     bash deploy/dev.sh bench [--setups colocated,upstream,hybrid-pd-1p1d,hybrid-pd-2p1d]
-                             [--connector upstream|hybrid] [--out tests/bench/results/cpu]
+                             [--connector upstream|hybrid] [--out benchmarks/results/<date>-cpu-workloads]
 
 Writes results.json (every request), summary.md (ratios against the colocated engine and upstream) and PNG
 plots into --out. Requests go one at a time, so TTFT is not queueing; throughput is output tokens over the
@@ -21,22 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.bench.report import write_report
-from tests.bench.setups import Colocated, HybridPD, Setup, UpstreamToyProxy, running
-from tests.bench.workloads import Tokens, all_workloads, oracle_hits
+from benchmarks.naming import results_dir
+from benchmarks.report import write_report
+from benchmarks.setups import SETUPS, CpuBed, Setup, running
+from benchmarks.workloads import Tokens, all_workloads, oracle_hits
 
 BLOCK = 256  # the tiny model's aligned block on CPU (vLLM grows the attention block to the Mamba page)
 MAX_TOKENS = 16
-
-
-def make_setup(name: str, model: str, logs: Path, connector: str):
-    if name == "colocated":
-        return Colocated(model, logs)
-    if name == "upstream":
-        return UpstreamToyProxy(model, logs)
-    if name.startswith("hybrid-pd-"):
-        return HybridPD(model, logs, connector, prefillers=int(name.removeprefix("hybrid-pd-")[0]))
-    raise SystemExit(f"unknown set-up {name!r}")
 
 
 def measure(setup, requests, oracle) -> dict:
@@ -65,17 +56,17 @@ def measure(setup, requests, oracle) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--setups", default="colocated,upstream,hybrid-pd-1p1d,hybrid-pd-2p1d")
+    ap.add_argument("--setups", default=",".join(SETUPS))
     ap.add_argument("--connector", default="hybrid", choices=["upstream", "hybrid"],
                     help="KV connector of the hybrid-pd set-ups")
-    ap.add_argument("--out", type=Path, default=Path("tests/bench/results/cpu"))
+    ap.add_argument("--out", type=Path, default=results_dir("cpu", "workloads"))
     ap.add_argument("--worker-args", default="", help="extra `hybrid-pd prefill|decode` flags for every worker, "
                     "e.g. '--checkpoint-every 256' (a Mamba checkpoint at every block boundary)")
     args = ap.parse_args(argv)
-    Setup.worker_args = tuple(shlex.split(args.worker_args))
     from hybrid_pd.prefill.dev.tiny_model import build_tiny_model
 
     model = str(build_tiny_model())
+    bed = CpuBed(model, extra=tuple(shlex.split(args.worker_args)))
     requests = all_workloads(Tokens(model), BLOCK)
     oracle = oracle_hits(requests, BLOCK)
     logs = Path(tempfile.mkdtemp(prefix="hybrid-pd-bench-"))
@@ -86,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                "max_tokens": MAX_TOKENS, "connector": args.connector, "worker_args": args.worker_args, "setups": {}}
     for name in args.setups.split(","):
         print(f"[bench] {name}: starting", flush=True)
-        with running(make_setup(name, model, logs, args.connector)) as setup:
+        with running(Setup(name, bed, logs, args.connector)) as setup:
             results["setups"][name] = measure(setup, requests, oracle)
         r = results["setups"][name]
         print(f"[bench] {name}: {len(r['requests'])} requests in {r['wall_s']:.1f}s, "

@@ -1,7 +1,7 @@
 """Syscalls of one proxy at concurrency 1 (strace -c on it alone), to tell the kernel's share from the runtime's.
 
-    /root/.cache/hybrid-pd/venv/bin/python -m tests.bench.proxy_syscalls ours|router INTERVAL_MS REQUESTS
-    /root/.cache/hybrid-pd/venv/bin/python -m tests.bench.proxy_syscalls relay      # our Python per relayed event
+    /root/.cache/hybrid-pd/venv/bin/python -m benchmarks.proxy_syscalls ours|router INTERVAL_MS REQUESTS
+    /root/.cache/hybrid-pd/venv/bin/python -m benchmarks.proxy_syscalls relay      # our Python per relayed event
 
 Starts the fake workers (events INTERVAL_MS apart) and the proxy (ours, or vllm-router from the proxy bench's
 venv), warms up with 20 requests, then counts the proxy's syscalls over REQUESTS streamed completions; the table
@@ -20,13 +20,13 @@ import time
 
 import uvloop
 
+from benchmarks import proxy_bench as pb
+from benchmarks.procs import free_port
+from benchmarks.proxy_bench import DEFAULT_ROUTER_VENV, ROOT
 from hybrid_pd.proxy import relay
 from hybrid_pd.proxy.http import client
 from hybrid_pd.proxy.http.request import Request
 from hybrid_pd.proxy.http.response import Response
-from tests.bench import proxy_bench as pb
-from tests.bench.proxy_bench import DEFAULT_ROUTER_VENV, ROOT
-from tests.support.procs import free_port
 
 PY = sys.executable
 
@@ -35,7 +35,7 @@ def main(which: str, interval: str, n: int) -> None:
     p, d, o, m = free_port(), free_port(), free_port(), free_port()
     pu, du = f"http://127.0.0.1:{p}", f"http://127.0.0.1:{d}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([PY, "-m", "tests.bench.proxy_fake_workers", str(p), str(d), "32", interval], env=env)]
+    procs = [subprocess.Popen([PY, "-m", "benchmarks.proxy_fake_workers", str(p), str(d), "32", interval], env=env)]
     if which == "ours":
         argv = [PY, "-m", "hybrid_pd.proxy.server", "--port", str(o), "--prefill", pu, "--decode", du,
                 "--log-level", "WARNING"]

@@ -1,10 +1,12 @@
-"""What the one-GPU benchmark (bench_gpu.py) asks of a server: a streamed completion with its token margins, a
-JSON call, and /metrics read as counters, summed and diffed per server (the phase breakdown); the log line."""
+"""What a benchmark asks of a server: a streamed completion with its token margins, a JSON call, and /metrics
+read as numbers (all of them, one summed over its label sets, or the counters diffed per server: the phase
+breakdown); the log line."""
 
 from __future__ import annotations
 
 import json
 import time
+import urllib.request
 
 from hybrid_pd.prefill.dev.demo_workload import stream
 
@@ -24,33 +26,49 @@ def stream_logprobs(url: str, body: dict, timeout: float = 300) -> dict:
             "margins": [m for _, m in seen]}
 
 
-def post_json(url: str, body: dict, timeout: float = 300) -> dict:
-    import urllib.request
-
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def http_json(url: str, body: dict | None = None, timeout: float = 120) -> dict:
+    """GET `url`, or POST `body` as JSON; the answer's JSON."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
+
+
+def post_json(url: str, body: dict, timeout: float = 300) -> dict:
+    return http_json(url, body, timeout)
 
 
 def cached_of(usage: dict) -> int:
     return ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
 
-def scrape(url: str) -> dict[str, float]:
-    import urllib.request
-
+def scrape_metrics(url: str) -> dict[str, float]:
+    """Every sample of `url`/metrics: `name{labels}` -> value."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         out = {}
         for line in r.read().decode().splitlines():
             if line and not line.startswith("#"):
                 name, _, value = line.rpartition(" ")
-                if name.endswith(("_sum", "_count", "_total")) or "_total{" in name or "_sum{" in name \
-                        or "_count{" in name:
-                    try:
-                        out[name] = float(value)
-                    except ValueError:
-                        pass
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    pass
         return out
+
+
+def metric_sum(metrics: dict[str, float], name: str) -> float:
+    """Sum a metric over all its label sets (`name{...} value` lines)."""
+    return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
+
+
+def is_counter(name: str) -> bool:
+    """A counter, or a histogram's sum or count (bucket lines and gauges are not diffed)."""
+    return name.endswith(("_sum", "_count", "_total")) or any(s in name for s in ("_total{", "_sum{", "_count{"))
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The counters of `url`/metrics (is_counter)."""
+    return {k: v for k, v in scrape_metrics(url).items() if is_counter(k)}
 
 
 def metric_deltas(before: dict, after: dict) -> dict:

@@ -1,8 +1,8 @@
 """The routing index at fleet scale: the per-worker index it replaced (tests/proxy/kv_index_oracle.py, "before")
 against the fleet index (proxy/kv/index.py, "after"), on one synthetic fleet (kv_index_workload.py).
 
-    bash deploy/dev.sh run python -m tests.bench.kv_index_bench [--workers 16,64,256] [--blocks-per-worker N]
-        [--decisions 300] [--no-memory] [--out tests/bench/results/<date>-cpu-kv-index]
+    bash deploy/dev.sh run python -m benchmarks.kv_index_bench [--workers 16,64,256] [--blocks-per-worker N]
+        [--decisions 300] [--no-memory] [--out benchmarks/results/<date>-cpu-kv-index]
 
 Per fleet size, single-threaded, CPU time of this thread (time.thread_time):
 - start-up: every worker's whole cache announced (BlockStored batches) into an empty index: CPU seconds, and
@@ -37,14 +37,7 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
-from hybrid_pd.proxy.config.sections import KVIndexConfig, Policy
-from hybrid_pd.proxy.kv.block_hash import none_hash
-from hybrid_pd.proxy.kv.events import BlockStored, KVEventBatch, decode_frames, encode_frames
-from hybrid_pd.proxy.kv.index import KVIndex
-from hybrid_pd.proxy.kv.prompt_keys import ChainCache
-from hybrid_pd.proxy.routing import Deps, RequestContext, Router
-from hybrid_pd.proxy.workers import Worker
-from tests.bench.kv_index_workload import (
+from benchmarks.kv_index_workload import (
     BLOCK,
     CHECKPOINT,
     NEW,
@@ -54,6 +47,13 @@ from tests.bench.kv_index_workload import (
     Fleet,
     block_events,
 )
+from hybrid_pd.proxy.config.sections import KVIndexConfig, Policy
+from hybrid_pd.proxy.kv.block_hash import none_hash
+from hybrid_pd.proxy.kv.events import BlockStored, KVEventBatch, decode_frames, encode_frames
+from hybrid_pd.proxy.kv.index import KVIndex
+from hybrid_pd.proxy.kv.prompt_keys import ChainCache
+from hybrid_pd.proxy.routing import Deps, RequestContext, Router
+from hybrid_pd.proxy.workers import Worker
 from tests.proxy.kv_index_oracle import KVIndex as OldIndex
 
 Index = KVIndex | OldIndex
@@ -294,11 +294,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     rows = [run_size(int(w), args) for w in args.workers.split(",")]
     if args.out:
-        from tests.bench.kv_index_report import write_summary
+        from benchmarks.kv_index_report import write_summary
 
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"command": "bash deploy/dev.sh run python -m tests.bench.kv_index_bench " + shlex.join(sys.argv[1:]),
+        meta = {"command": "bash deploy/dev.sh run python -m benchmarks.kv_index_bench " + shlex.join(sys.argv[1:]),
                 "machine": f"{platform.machine()}, {_cpu_model()}, {os.cpu_count()} cores, "
                 f"Python {platform.python_version()}",
                 "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

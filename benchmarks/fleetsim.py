@@ -2,10 +2,10 @@
 engines modelled by cost curves fitted to our GPU runs and the proxy's own routing code deciding
 (fleetsim_core.py; docs/benchmarks.md, "Fleet simulator", says what it leaves out).
 
-    python -m tests.bench.fleetsim validate --out DIR        # the GPU 1P1D runs, measured vs simulated
-    python -m tests.bench.fleetsim fleet --out DIR           # 8P8D / 16P16D / 32P32D x loads x policies
-    python -m tests.bench.fleetsim generate --out trace.jsonl [--sessions N --rate R ...]
-    python -m tests.bench.fleetsim replay TRACE --fit RESULTS_DIR --prefillers 8 --decoders 8 [--closed-loop]
+    python -m benchmarks.fleetsim validate --out DIR        # the GPU 1P1D runs, measured vs simulated
+    python -m benchmarks.fleetsim fleet --out DIR           # 8P8D / 16P16D / 32P32D x loads x policies
+    python -m benchmarks.fleetsim generate --out trace.jsonl [--sessions N --rate R ...]
+    python -m benchmarks.fleetsim replay TRACE --fit RESULTS_DIR --prefillers 8 --decoders 8 [--closed-loop]
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from .fleetsim_core import ClosedLoop, FleetConfig, Result, Sim
 from .fleetsim_model import CostModel, fit, load_part
 from .fleetsim_policies import POLICIES
 from .fleetsim_trace import AgenticParams, agentic, bench_sessions, dump, load
+from .naming import RESULTS
 
-GPU = Path("deploy/gpu/results")
+GPU = RESULTS
 # The runs validated against: how the proxy decided there (the load-aware rule landed between them), and whether
 # P stopped at the block boundary (True) or computed N-1 tokens.
 VALIDATION: dict[str, tuple[DisaggConfig, bool]] = {

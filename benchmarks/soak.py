@@ -4,9 +4,9 @@ past P's lease on unread blocks. Reports errors by status, latency p50/p99 per k
 usage gauge after idle against before the load) and the RSS of proxy, P and D over time (each role: the
 launcher and every process under it), with a plot.
 
-    bash deploy/dev.sh run python -m tests.bench.soak [--minutes 10] [--clients 3] [--idle-s 150]
+    bash deploy/dev.sh run python -m benchmarks.soak [--minutes 10] [--clients 3] [--idle-s 150]
 
-Writes tests/bench/results/soak/{summary.md, results.json, rss.png}. The RSS bar: after idle, within 10% of
+Writes benchmarks/results/<date>-cpu-soak/{summary.md, results.json, rss.png}. The RSS bar: after idle, within 10% of
 what it was after a warm-up of the same mix (the first minute: lazy imports, allocator pools, CPU kernels).
 """
 
@@ -23,12 +23,13 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.client import metric_sum, scrape_metrics
+from benchmarks.naming import results_dir
+from benchmarks.setups import CpuBed, Setup
 from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
-from tests.bench.setups import HybridPD
-from tests.support.procs import metric_sum, scrape_metrics
 from tests.support.storm import SOAK_KINDS, Storm, summary
 
-OUT = Path(__file__).parent / "results" / "soak"
+OUT = results_dir("cpu", "soak")
 DEADLINE_S = 600.0  # the proxy's default total timeout
 
 
@@ -51,9 +52,9 @@ def rss_mib(pid: int) -> float:
 class Sampler(threading.Thread):
     """Every `every` seconds: RSS of each role, KV usage of P and D, the proxy's in-flight requests."""
 
-    def __init__(self, setup: HybridPD, every: float = 5.0):
+    def __init__(self, setup: Setup, every: float = 5.0):
         super().__init__(daemon=True)
-        self.roles = {"proxy": setup.proxy, "prefill": setup.procs[0], "decode": setup.procs[1]}
+        self.roles = {"proxy": setup.front, "prefill": setup.prefillers[0], "decode": setup.decoder}
         self.every, self.rows, self._halt, self.t0 = every, [], threading.Event(), time.monotonic()
 
     def sample(self, phase: str) -> dict:
@@ -90,7 +91,7 @@ def report(rows: list[dict], load: dict, warm: dict, idle_row: dict, before_row:
                "after_idle_vs_warm_up": round(idle_row[f"rss_{k}"] / warm_row[f"rss_{k}"], 3)}
            for k in ("proxy", "prefill", "decode")}
     leaked = {k: idle_row[f"kv_{k}"] - before_row[f"kv_{k}"] for k in ("prefill", "decode")}
-    return {"command": f"python -m tests.bench.soak --minutes {args.minutes} --clients {args.clients} "
+    return {"command": f"python -m benchmarks.soak --minutes {args.minutes} --clients {args.clients} "
                        f"--idle-s {args.idle_s}",
             "machine": f"{platform.node()} {psutil.cpu_count()} cores {psutil.virtual_memory().total / 2**30:.0f} GiB",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -163,19 +164,19 @@ def main() -> None:
     args = ap.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="soak-"))
     model = str(build_tiny_model(TinyModelSpec()))
-    setup = HybridPD(model, logs, connector="hybrid")
+    setup = Setup("hybrid-pd-1p1d", CpuBed(model), logs, connector="hybrid")
     try:
         setup.start()
         sampler = Sampler(setup)
         before = sampler.sample("before")
         sampler.start()
-        warm = Storm(setup.proxy.url, DEADLINE_S, seed=10, clients=args.clients, kinds=SOAK_KINDS,
+        warm = Storm(setup.front.url, DEADLINE_S, seed=10, clients=args.clients, kinds=SOAK_KINDS,
                      max_requests=100_000).start()
         time.sleep(60)
         warm_summary = summary(warm.stop())
         sampler.phase = "load"
         sampler.rows.append(sampler.sample("load"))
-        storm = Storm(setup.proxy.url, DEADLINE_S, seed=11, clients=args.clients, kinds=SOAK_KINDS,
+        storm = Storm(setup.front.url, DEADLINE_S, seed=11, clients=args.clients, kinds=SOAK_KINDS,
                       max_requests=100_000).start()
         time.sleep(args.minutes * 60)
         load = summary(storm.stop())

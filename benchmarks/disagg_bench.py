@@ -3,12 +3,12 @@
 One P, one D (our connector, real engines, P on core 0, D on core 1) and one proxy at a time in front of them;
 the proxy is restarted between rounds with `--min-uncached-blocks 1` or `0` (every prompt remote), under the
 deprecated `--pd-policy hit-ratio` that rule belongs to (the default policy, ours, decides by predicted time:
-tests/bench/pd_policy_bench.py).
+benchmarks/pd_policy_bench.py).
 Each round sends fresh prompts (nothing cached anywhere) of 40-195 words, one at a time, streamed; rounds
 alternate so that both settings see the same engines in the same state. Prints TTFT p50/p90 per setting and
 how many P calls the proxy made.
 
-    bash deploy/dev.sh run python -m tests.bench.disagg_bench [--prompts 30] [--rounds 2]
+    bash deploy/dev.sh run python -m benchmarks.disagg_bench [--prompts 30] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from hybrid_pd.prefill.dev.demo_workload import stream
+from benchmarks.client import metric_sum, scrape_metrics
+from benchmarks.procs import HYBRID_PD, Launched, free_port
+from benchmarks.setups import events_url, start_pd_pair
 from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
-from tests.bench.setups import start_pd_pair
+from hybrid_pd.prefill.dev.demo_workload import stream
 from tests.support.conversation import text_of
-from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scrape_metrics
 
 
 def main() -> None:
@@ -35,7 +36,7 @@ def main() -> None:
     model = str(build_tiny_model(TinyModelSpec()))
     procs: list[Launched] = []
     try:
-        workers, ports = start_pd_pair(model, logs, procs, 300)
+        workers = start_pd_pair(model, logs, procs, 300)
         ttft: dict[str, list[float]] = {"1": [], "0": []}
         p_calls = dict.fromkeys(ttft, 0.0)
         salt = 0
@@ -44,8 +45,8 @@ def main() -> None:
                 port = free_port()
                 proxy = Launched(f"proxy-{setting}-{rnd}", [
                     HYBRID_PD, "proxy", "--port", str(port), "--prefill", workers["p"].url, "--decode",
-                    workers["d"].url, "--prefill-events", f"tcp://127.0.0.1:{ports['p_events']}",
-                    "--decode-events", f"tcp://127.0.0.1:{ports['d_events']}", "--pd-policy", "hit-ratio",
+                    workers["d"].url, "--prefill-events", events_url(workers["p"]),
+                    "--decode-events", events_url(workers["d"]), "--pd-policy", "hit-ratio",
                     "--min-uncached-blocks", setting],
                     f"http://127.0.0.1:{port}", logs)
                 procs.append(proxy)

@@ -1,6 +1,6 @@
 """Tables (markdown) and a plot of the fleet simulator's results: validation.json and fleet.json of one folder.
 
-python -m tests.bench.fleetsim_report DIR     # writes DIR/tables.md and DIR/fleet.png
+python -m benchmarks.fleetsim_report DIR     # writes DIR/tables.md and DIR/fleet.png
 """
 
 from __future__ import annotations

@@ -5,13 +5,13 @@ Hits come from the benchmark harness, run once per setting beforehand (colocated
 21 requests of the agentic, shared-system, insert-in-the-middle and single workloads):
 
     for n in 0 256 512 1024; do bash deploy/dev.sh bench --setups colocated,hybrid-pd-1p1d \\
-        --worker-args "--checkpoint-every $n" --out tests/bench/results/checkpoint-density/every-$n; done
+        --worker-args "--checkpoint-every $n" --out benchmarks/results/<date>-cpu-checkpoint-density/every-$n; done
 
 (no --worker-args for 0). This script then measures prefill speed on one colocated engine per setting (fresh
 prompts of 1,920 tokens, nothing cached, max_tokens=1, so the answer's time is the prompt's prefill) and writes
 the table:
 
-    bash deploy/dev.sh run python -m tests.bench.checkpoint_density [--prompts 8]
+    bash deploy/dev.sh run python -m benchmarks.checkpoint_density [--prompts 8]
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.client import post_json
+from benchmarks.naming import results_dir
+from benchmarks.setups import CpuBed, Setup, running
+from benchmarks.workloads import Tokens
 from hybrid_pd.prefill.dev.tiny_model import build_tiny_model
-from tests.bench.setups import Colocated, Setup, post_json, running
-from tests.bench.workloads import Tokens
 
-OUT = Path(__file__).parent / "results" / "checkpoint-density"
+OUT = results_dir("cpu", "checkpoint-density")
 SETTINGS = (0, 256, 512, 1024)
 PROMPT_TOKENS = 1920  # under the bed's --max-model-len 2048
 
@@ -62,18 +64,18 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="density-"))
     rows = []
     for every in map(int, args.settings.split(",")):
-        Setup.worker_args = ("--checkpoint-every", str(every)) if every else ()
+        bed = CpuBed(model, extra=("--checkpoint-every", str(every)) if every else ())
         prompts = [tokens.sized(rng, PROMPT_TOKENS) for _ in range(args.prompts + 1)]  # fresh for every setting
-        with running(Colocated(model, logs)) as setup:
-            prefill_seconds(setup.engine.url, prompts[:1])  # warm-up
-            secs = prefill_seconds(setup.engine.url, prompts[1:])
+        with running(Setup("colocated", bed, logs)) as setup:
+            prefill_seconds(setup.front.url, prompts[:1])  # warm-up
+            secs = prefill_seconds(setup.front.url, prompts[1:])
         p50 = statistics.median(secs)
         rows.append({"checkpoint_every": every, "prefill_s_p50": round(p50, 3),
                      "prefill_tok_s": round(PROMPT_TOKENS / p50), "hits_vs_oracle": hits(every)})
         print(rows[-1], flush=True)
     base = rows[0]["prefill_s_p50"]
     lines = ["# Checkpoint density (CPU bed, tiny model, aligned block 256 tokens)", "",
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commands in tests/bench/checkpoint_density.py. "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commands in benchmarks/checkpoint_density.py. "
              f"Prefill: median of {args.prompts} fresh {PROMPT_TOKENS}-token prompts on one colocated engine.", "",
              "| --checkpoint-every | hits / oracle, colocated | hits / oracle, hybrid-pd 1P1D | prefill s (p50) | "
              "prefill tok/s | prefill time vs off |", "|---|---|---|---|---|---|"]

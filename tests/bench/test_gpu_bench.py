@@ -1,34 +1,26 @@
-"""The one-GPU benchmark's CPU-side logic (deploy/gpu/): workload sizing, metric deltas, the merge into
+"""The GPU benchmark's CPU-side logic (benchmarks/gpu/): workload sizing, metric deltas, the merge into
 results.json ratios, and the real-shape configs. The GPU parts run only on the device machine."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-GPU = Path(__file__).resolve().parents[2] / "deploy" / "gpu"
-
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load("bench_gpu")
+    return load("gpu.bench")
 
 
 @pytest.fixture(scope="module")
 def tokens(tiny_model):
-    from tests.bench.workloads import Tokens
+    from benchmarks.workloads import Tokens
 
     return Tokens(tiny_model)
 
@@ -69,7 +61,7 @@ def part(setup, rows_c1, rows_c8, tok_s, copy=()):
 
 
 def test_merge_ratios(tmp_path):
-    merge = load("merge")
+    merge = load("gpu.merge")
     col = part("colocated", [row("a", 0, 0.10, "x"), row("a", 1, 0.20, "y", hit=544)], [row("a", 0, 0.3, "z", conc=8)],
                (100, 800))
     up = part("upstream", [row("a", 0, 0.30, "x"), row("a", 1, 0.40, "q", hit=544)], [row("a", 0, 1.0, "z", conc=8)],
@@ -96,7 +88,7 @@ def test_merge_ratios(tmp_path):
 def test_merge_two_gpus(tmp_path):
     """P on a GPU of its own: the transfer is compared with a copy between the GPUs, ITL percentiles pool every
     token gap, and the decoder's no-prefill-load ITL is the basis of `itl_p50_vs_decode_alone`."""
-    merge = load("merge")
+    merge = load("gpu.merge")
     gaps = lambda ms: {"gaps_ms": ms}  # noqa: E731
     col = part("colocated", [row("a", 0, 0.10, "x")], [row("a", 0, 0.3, "z", conc=8) | gaps([20.0, 30.0, 40.0])],
                (100, 800))
@@ -133,7 +125,7 @@ def test_decode_alone_window(bench):
 
 
 def test_real_shapes_state_bytes():
-    shapes = load("real_shapes")
+    shapes = load("gpu.real_shapes")
     q = shapes.state_bytes_per_token(shapes.qwen3next_config())
     assert (q["attention_layers"], q["state_layers"], q["kv_bytes_per_token_per_layer"]) == (3, 9, 2048)
     assert q["state_bytes_per_layer"] == (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128)) * 2
@@ -142,7 +134,7 @@ def test_real_shapes_state_bytes():
 
 
 def test_greedy_consistency_up_to_near_ties():
-    merge = load("merge")
+    merge = load("gpu.merge")
     ref = {"tokens": ["a", "b", "c"], "margins": [2.0, 0.02, 1.0]}
     assert merge.consistent({"tokens": ["a", "b", "c"], "margins": [2.0, 0.03, 1.0]}, ref)
     assert merge.consistent({"tokens": ["a", "x", "y"], "margins": [2.0, 0.03, 1.0]}, ref)  # near-tie at 1
@@ -151,7 +143,7 @@ def test_greedy_consistency_up_to_near_ties():
 
 
 def test_stream_logprobs_reads_vllm_chunks():
-    client = load("bench_client")
+    client = load("client")
     import http.server
     import threading
 

@@ -10,7 +10,7 @@ loop where the next turn diverges before the last boundary). `--concurrency` ses
 Per policy: TTFT p50/p90, the share of turns D served alone, P calls, bytes D pulled, hybrid misroutes and the
 tokens they recomputed, index mispredictions (proxy metrics), and the placement model's learned rates.
 
-    bash deploy/dev.sh run python -m tests.bench.pd_policy_bench [--sessions 3] [--turns 6] [--rounds 2]
+    bash deploy/dev.sh run python -m benchmarks.pd_policy_bench [--sessions 3] [--turns 6] [--rounds 2]
         [--concurrency 1] [--suffix-words 0] [--policies ours,always-remote,isl-bounding,non-cached-tokens]
         [--itl-slo-ms 0] [--out FILE.json]
 """
@@ -26,11 +26,12 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hybrid_pd.prefill.dev.demo_workload import transfer_counters
+from benchmarks.client import metric_sum, scrape_metrics
+from benchmarks.procs import HYBRID_PD, Launched, free_port
+from benchmarks.setups import events_url, start_pd_pair
 from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
-from tests.bench.setups import start_pd_pair
+from hybrid_pd.prefill.dev.demo_workload import transfer_counters
 from tests.support.conversation import text_of, tokenize
-from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scrape_metrics
 
 POLICIES = ("ours", "always-remote", "isl-bounding", "non-cached-tokens")
 ANSWER = 8
@@ -113,15 +114,15 @@ def main() -> None:
                                     "misroute_tokens": 0.0, "mispredictions": 0.0, "mispredicted_tokens": 0.0,
                                     "rates": {}} for p in policies}
     try:
-        workers, ports = start_pd_pair(model, logs, procs, 600)
+        workers = start_pd_pair(model, logs, procs, 600)
         salt = 0
         for rnd in range(args.rounds):
             for policy in policies if rnd % 2 == 0 else list(reversed(policies)):
                 port = free_port()
                 proxy = Launched(f"proxy-{policy}-{rnd}", [
                     HYBRID_PD, "proxy", "--port", str(port), "--prefill", workers["p"].url, "--decode",
-                    workers["d"].url, "--prefill-events", f"tcp://127.0.0.1:{ports['p_events']}",
-                    "--decode-events", f"tcp://127.0.0.1:{ports['d_events']}", "--pd-policy", policy,
+                    workers["d"].url, "--prefill-events", events_url(workers["p"]),
+                    "--decode-events", events_url(workers["d"]), "--pd-policy", policy,
                     "--itl-slo-ms", args.itl_slo_ms], f"http://127.0.0.1:{port}", logs)
                 procs.append(proxy)
                 proxy.wait_healthy(60)

@@ -1,8 +1,8 @@
 """Proxy overhead benchmark: the PD flow through our proxy, vllm-router and vLLM's toy-proxy design, on fake workers.
 
-    /root/.cache/hybrid-pd/venv/bin/python -m tests.bench.proxy_bench [--out table.md]      (~3 minutes)
+    /root/.cache/hybrid-pd/venv/bin/python -m benchmarks.proxy_bench [--out table.md]      (~3 minutes)
 
-Peers, all in front of the same fake prefill + decode workers (tests/bench/proxy_fake_workers.py: P answers
+Peers, all in front of the same fake prefill + decode workers (benchmarks/proxy_fake_workers.py: P answers
 with kv_transfer_params, D streams SSE, like vLLM's PD endpoints):
   - direct: the fake decoder alone, no prefill call, no proxy: the floor;
   - hybrid-pd proxy (`python -m hybrid_pd.proxy.server`, default flags);
@@ -44,7 +44,7 @@ import aiohttp
 import psutil
 import uvloop
 
-from tests.support.procs import free_port
+from benchmarks.procs import free_port
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,7 +202,7 @@ def start_all(args: argparse.Namespace, tmp: str, procs: list[subprocess.Popen])
         procs.append(subprocess.Popen(argv, **{**quiet, "env": {**env, **(extra_env or {})}}))
         return procs[-1]
 
-    workers = launch(["taskset", "-c", str(HARNESS_CORE), PY, "-m", "tests.bench.proxy_fake_workers", str(p_port),
+    workers = launch(["taskset", "-c", str(HARNESS_CORE), PY, "-m", "benchmarks.proxy_fake_workers", str(p_port),
                       str(d_port), str(args.tokens), str(args.token_interval_ms)])
     launched = [("direct (decoder alone)", d_url, workers, None)]
     ours = launch([*on_proxy_core, PY, "-m", "hybrid_pd.proxy.server", "--port", str(ours_port), "--prefill", p_url,

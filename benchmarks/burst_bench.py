@@ -13,7 +13,7 @@ over all three engines' /metrics), for `kv_hit=2,least_loaded` (the proxy's defa
 round robin, and `queue_cost` (tokens to compute before the first token: queue ahead + uncached part).
 Policies rotate between rounds so that all meet the engines in the same states.
 
-    bash deploy/dev.sh run python -m tests.bench.burst_bench [--rounds 2] [--burst 12] [--stream 16]
+    bash deploy/dev.sh run python -m benchmarks.burst_bench [--rounds 2] [--burst 12] [--stream 16]
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ import threading
 import time
 from pathlib import Path
 
-from hybrid_pd.prefill.dev.demo_workload import stream
+from benchmarks.client import metric_sum, scrape_metrics
+from benchmarks.procs import HYBRID_PD, Launched, free_port
+from benchmarks.setups import CpuBed, Workers
 from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
+from hybrid_pd.prefill.dev.demo_workload import stream
 from tests.support.conversation import text_of
-from tests.support.procs import HYBRID_PD, Launched, free_port, metric_sum, scrape_metrics, worker_argv
 
 POLICIES = {"kv_hit=2,least_loaded": ("kv_hit=2,least_loaded", "round_robin"),
             "round robin": ("none", "round_robin"),
@@ -77,16 +79,15 @@ def main() -> None:
     results: dict[str, dict[str, list]] = {p: {"burst": [], "sustained": [], "computed": [], "split": []}
                                            for p in POLICIES}
     try:
-        workers = {}
+        workers, started = {}, {}
         cores = args.cores.split(";") if ";" in args.cores else args.cores.split(",")
         for name, role, core in zip(("p1", "p2", "d"), ("prefill", "prefill", "decode"), cores, strict=True):
-            port = free_port()
-            argv = worker_argv(role, connector="hybrid", port=port, cpu_bind=core, model=model,
-                               extra=["--checkpoint-every", "256"])
-            workers[name] = Launched(name, argv, f"http://127.0.0.1:{port}", logs)
+            bed = CpuBed(model, extra=("--checkpoint-every", "256"), prefill_core=core, decode_core=core)
+            started[name] = Workers(bed, logs)
+            workers[name] = started[name].start(name, role, "hybrid")
             procs.append(workers[name])
-        for w in workers.values():
-            w.wait_healthy(400)
+        for name, w in workers.items():
+            started[name].ready(w, 400)
         events = {k: w.argv[w.argv.index("--kv-events-port") + 1] for k, w in workers.items()}
         prefill_urls = [workers["p1"].url, workers["p2"].url]
         salt = 0

@@ -1,6 +1,6 @@
 """The first requests of a freshly started worker, with and without the launcher's warm-up (CPU bed).
 
-    bash deploy/dev.sh run python -m tests.bench.first_request [--warmup none,1024]
+    bash deploy/dev.sh run python -m benchmarks.first_request [--warmup none,1024]
 
 For each --warmup-lengths value: one prefill launcher on the tiny Qwen3-Next model, its start-up time (command
 to ready file, the warm-up included), then the same requests in the same order, each greedy and then with
@@ -18,22 +18,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.client import post_json
+from benchmarks.setups import CpuBed, Workers
 from hybrid_pd.prefill.dev.tiny_model import build_tiny_model
 from hybrid_pd.prefill.launch.warmup import token_range
-from tests.bench.setups import post_json
-from tests.support.procs import Launched, free_port, worker_argv
 
 SAMPLERS = ({"temperature": 0}, {"temperature": 0, "logprobs": 2})
 
 
 def probe(model: str, warmup: str, logs: Path) -> dict:
-    port, ready = free_port(), logs / f"ready-{warmup}"
-    argv = worker_argv("prefill", connector="none", port=port, cpu_bind="0-1", model=model,
-                       extra=["--warmup-lengths", warmup, "--ready-file", str(ready)])
-    worker = Launched(f"first-{warmup}", argv, f"http://127.0.0.1:{port}", logs)
+    workers = Workers(CpuBed(model, extra=("--warmup-lengths", warmup), prefill_core="0-1"), logs)
+    worker = workers.start(f"first-{warmup}", "prefill", "none")
     out: dict = {"warmup": warmup, "rows": []}
     try:
-        out["start_s"] = round(worker.wait_file(ready, timeout=600), 1)
+        workers.ready(worker, 600)
+        out["start_s"] = round(workers.start_s[worker.name] + workers.start_s[f"{worker.name} warm-up"], 1)
         lo, hi = token_range(model)
         rng = random.Random(5)
         first = [rng.randrange(lo, hi) for _ in range(1200)]
@@ -49,7 +48,7 @@ def probe(model: str, warmup: str, logs: Path) -> dict:
                                     "seconds": round(time.monotonic() - t, 3)})
                 print(json.dumps({"warmup": warmup, **out["rows"][-1]}), flush=True)
     finally:
-        worker.stop()
+        workers.close()
     return out
 
 

