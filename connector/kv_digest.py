@@ -16,7 +16,7 @@ multiplier per layer. Why it catches what a transfer breaks:
 Products are exact (a 32-bit word times a 32-bit multiplier fits in int64): an int32 product wrapping mod 2**32
 would be twice as fast but blind to two top-bit flips (each moves its product by 2**31; together by 0 mod
 2**32), e.g. the sign bits of two fp32 values. Not cryptographic: it guards against accidents (races, stale
-or misplaced blocks), not against an adversary who can write P's memory. Cost: tests/bench/kv_digest_bench.py.
+or misplaced blocks), not against an adversary who can write P's memory. Cost: benchmarks/kv_digest_bench.py.
 """
 
 from __future__ import annotations

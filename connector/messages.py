@@ -125,7 +125,8 @@ class RemotePrefill(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     checkpoints: list[CheckpointRef] = []
     # P's encoded `Handshake` per TP rank, so that D needs nothing from P's threads but the READ itself: a
     # prefiller whose side-channel thread is starved on a shared core answered no handshake for tens of
-    # seconds (tests/bench/results/burst.md). Empty from a prefiller that has none: D asks its side channel.
+    # seconds (benchmarks/results/2026-11-24-cpu-burst/summary.md). Empty from a prefiller that has none: D
+    # asks its side channel.
     handshakes: list[bytes] = []
     digests: BlockDigests | None = None  # absent from a prefiller that computes none
     do_remote_prefill: bool = True

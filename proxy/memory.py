@@ -4,7 +4,7 @@ glibc serves an allocation above its mmap threshold (128 KiB at start) from a ma
 freed; but every such free raises the threshold to the freed size (up to 32 MiB), so after a few large request
 bodies the next ones come from the heap, whose freed pages stay in the process. A storm of 2,400 malformed
 requests (some with bodies of up to 2 MiB) left the proxy at 96 MiB from 47, where a second storm added nothing
-(tests/bench/results/2026-11-25-cpu-proxy-rss-malformed/summary.md). Setting the threshold once turns that
+(benchmarks/results/2026-11-25-cpu-proxy-rss-malformed/summary.md). Setting the threshold once turns that
 adjustment off: a large buffer costs one mmap/munmap pair (microseconds, only for bodies above 128 KiB), and
 the RSS returns to its baseline after the storm (49 MiB).
 

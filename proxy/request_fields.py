@@ -3,8 +3,8 @@ wrong values vLLM answers with a 500 instead of a 400 (an exception past its own
 body gets a 400 in OpenAI's shape before it reaches a worker.
 
 The second group was found by fuzzing every field of vLLM 0.32's completions and chat requests with values of
-the wrong type and shape (tests/bench/vllm_500_fields.py; its findings in
-tests/bench/results/2026-11-25-cpu-vllm-500-fields/summary.md):
+the wrong type and shape (benchmarks/vllm_500_fields.py; its findings in
+benchmarks/results/2026-11-25-cpu-vllm-500-fields/summary.md):
 - `structured_outputs` that is not an object: vLLM's pre-validator calls `.get` on it;
 - an integer that msgpack cannot carry (below -2**63 or above 2**64-1) where vLLM does not bound it before it
   sends the sampling parameters to its engine core: `stream_interval`, `repetition_detection`'s sizes and

@@ -1,6 +1,6 @@
 """Merge the parts written by bench_gpu.py (one device call per set-up) into results.json and summary.md.
 
-    python3 deploy/gpu/merge.py RESULTS_DIR [--headline-length 8192] [--title TITLE]
+    python3 benchmarks/gpu/merge.py RESULTS_DIR [--headline-length 8192] [--title TITLE]
 
 summary.md is RESULTS_DIR/header.md (the narrative, if there is one) followed by the generated tables.
 

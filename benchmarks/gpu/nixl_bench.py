@@ -5,7 +5,7 @@ Why: in the one-GPU benchmark (results/2026-11-23-h100-*) both connectors moved 
 1/2500 of a device copy. This separates the transport (UCX over TCP on loopback with host staging, or CUDA IPC)
 from the connectors. Needs only torch and the two nixl wheels (no vLLM, no hybrid-pd).
 
-    python3 deploy/gpu/nixl_bench.py [--mib 40] [--pieces 1,45]      # runs every variant, prints a table
+    python3 benchmarks/gpu/nixl_bench.py [--mib 40] [--pieces 1,45]      # runs every variant, prints a table
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ and a colocated engine fit on one GPU (about 0.28 of an H100's memory each):
 Weights are drawn on the GPU in bf16 from a seed (same seed, same GPU kind: same bytes). The tokenizer is the
 tiny model's offline byte-level BPE (prefill/dev/tiny_model.py); the model's vocabulary is padded to 1024 rows.
 
-    python3 deploy/gpu/real_shapes.py qwen3next OUT_DIR [--seed 0] [--device cuda]
+    python3 benchmarks/gpu/real_shapes.py qwen3next OUT_DIR [--seed 0] [--device cuda]
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Two CPU engines on one core starve each other's threads. A prefiller alone with the decoder on one core now
 feeds it (tests/e2e/test_contention.py), but in 2P1D on two cores every KV load from the prefiller that shares
-the decoder's busiest core still failed its handshake (tests/bench/results/burst.md). Laptops, the cpu-dev
-overlay and 2P1D on two cores all do it, so the launcher says so at start instead of accepting the layout
-silently. Found by their command lines in /proc, not by asking them.
+the decoder's busiest core still failed its handshake (benchmarks/results/2026-11-24-cpu-burst/summary.md).
+Laptops, the cpu-dev overlay and 2P1D on two cores all do it, so the launcher says so at start instead of
+accepting the layout silently. Found by their command lines in /proc, not by asking them.
 """
 
 from __future__ import annotations

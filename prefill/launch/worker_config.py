@@ -311,15 +311,16 @@ class WorkerConfig:
         if self.device == "gpu" and self.connector != "none":
             # UCX turns cuda_ipc GET (what a NIXL READ is) off unless it detects NVLink ("cuda-ipc get zcopy
             # disabled as no nvlinks detected") and falls back to TCP with host staging: 0.5 GB/s between two
-            # processes on one H100 against 796 GB/s with it on (deploy/gpu/results/2026-11-24-h100-qwen3next/
+            # processes on one H100 against 796 GB/s with it on (benchmarks/results/2026-11-24-h100-qwen3next/
             # nixl-bench.json). A user's own setting wins; "auto" restores UCX's choice.
             env.setdefault("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "on")
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
             # Where engines share cores, NIXL's progress thread on D spun in the kernel while it set up its
             # first READ from P, and D's worker stepped non-stop while waiting: P's threads, which that set-up
-            # needs, got no CPU and every load failed (tests/bench/results/burst.md). On one host the READ
-            # itself is one-sided (UCX cma), so the engines' steps can drive NIXL, and D sleeps in idle steps.
+            # needs, got no CPU and every load failed (benchmarks/results/2026-11-24-cpu-burst/summary.md). On
+            # one host the READ itself is one-sided (UCX cma), so the engines' steps can drive NIXL, and D
+            # sleeps in idle steps.
             env.setdefault("HYBRID_PD_NIXL_PROGRESS_THREAD", "0")
             env.setdefault("HYBRID_PD_IDLE_WAIT_MS", "2")
             if self.cpu_bind is not None:

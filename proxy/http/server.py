@@ -15,8 +15,9 @@ connections idle for `Limits.idle_s`. What it leaves open is closed here: the si
 a head that trickles in for longer than the idle limit, and 4xx answers in OpenAI's error shape.
 
 Why uvicorn and not our own server (which this replaced): measured alone at a decoder's pace, ours spent 0.89x of
-uvicorn's CPU per request on an SSE stream and 0.80x / 1.00x on JSON answers (tests/bench/results/proxy.md,
-run 6): not the 15% a server of our own must save to be kept. aiohttp's servers and granian spent more.
+uvicorn's CPU per request on an SSE stream and 0.80x / 1.00x on JSON answers (run 6 of
+benchmarks/results/2026-11-24-cpu-proxy-server/summary.md): not the 15% a server of our own must save to be kept.
+aiohttp's servers and granian spent more.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Rates:
-    """One deployment's costs, in ms (and MB). Fitted: deploy/gpu/fit_placement_priors.py; online: OnlineRates."""
+    """One deployment's costs, in ms (and MB). Fitted: benchmarks/gpu/fit_placement_priors.py; online: OnlineRates."""
 
     prefill_step_ms: float  # an engine step that computes prompt tokens, whatever their number
     prefill_ms_per_token: float  # per computed (uncached) token
@@ -83,8 +83,8 @@ class Rates:
 
 
 # Priors: one H100, vLLM 0.26, Qwen3-Next shapes (12 layers = 3 x (3 GDN + 1 attention), 544-token aligned block,
-# eager prefill, CUDA graphs for decode), from `python3 deploy/gpu/fit_placement_priors.py` over the phase probes
-# (every server's /metrics around one request) and agentic rows of deploy/gpu/results/2026-11-24-h100-qwen3next,
+# eager prefill, CUDA graphs for decode), from `python3 benchmarks/gpu/fit_placement_priors.py` over the phase probes
+# (every server's /metrics around one request) and agentic rows of benchmarks/results/2026-11-24-h100-qwen3next,
 # -r3 and -r4 (49 prefills, 38 PD turns):
 #   prefill_ms_per_token           the profiled GPU kernel time per prompt token (2026-11-25-h100-prefill-steps:
 #                                  123 ms for 17,399 tokens); our prompts cannot tell it from the steps' noise

@@ -30,7 +30,8 @@ def test_cpu_bed_places_roles_on_cores_and_splits_extra_flags(tmp_path):
     assert after(p, "--checkpoint-every") == "256" and p.index("--checkpoint-every") < p.index("--")
     assert p[p.index("--") + 1:] == ["--enforce-eager"]
     assert after(p, "--ready-file") == str(tmp_path / "p.ready") and after(p, "--served-model-name") == "tiny"
-    assert (after(p, "--kv-cache-gib"), after(p, "--max-model-len"), after(p, "--warmup-lengths")) == ("1", "2048", "none")
+    assert (after(p, "--kv-cache-gib"), after(p, "--max-model-len"), after(p, "--warmup-lengths")) == (
+        "1", "2048", "none")
     assert "--" not in launcher_argv(CpuBed("/m"), "decode", "none", 9002, tmp_path / "r")
     assert bed.worker_env("prefill") == {} and not bed.one_at_a_time
 
@@ -94,7 +95,8 @@ class FakeWorker(http.server.ThreadingHTTPServer):
                 self.end_headers()
                 for chunk in ({"choices": [{"text": "a", "logprobs": {"tokens": ["a"],
                                                                       "top_logprobs": [{"a": -0.1, "b": -1.1}]}}]},
-                              {"choices": [{"text": "b", "logprobs": {"tokens": ["b"], "top_logprobs": [{"b": -0.2}]}}]},
+                              {"choices": [{"text": "b",
+                                            "logprobs": {"tokens": ["b"], "top_logprobs": [{"b": -0.2}]}}]},
                               {"choices": [], "usage": {"completion_tokens": 2,
                                                         "prompt_tokens_details": {"cached_tokens": 512}}}):
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())

@@ -229,7 +229,7 @@ def test_next_turn_straight_to_decoder_hits_and_answers_as_one_engine(engines, r
     with that engine's greedy tokens. The first turn's hit comes from the state P computed (D never computed
     that boundary itself), so its answer proves those bytes and the hash D cached them under. (Upstream's
     NixlConnector hits 0, 256, 512, 512, 768, 1024 where the engine reports 256, 256, 512, 512, 1024, 1280;
-    tests/bench/results/connector/summary.md.)"""
+    benchmarks/results/2026-11-22-cpu-connector/summary.md.)"""
     urls = engines.up("p", "d")
     conv = reference["branching"]
     got, compared = [], []

@@ -342,7 +342,8 @@ def test_a_silent_side_channel_is_asked_again_until_the_read_deadline():
 
 def test_a_handshake_carried_in_the_params_needs_nothing_from_the_side_channel():
     """P puts its handshake into kv_transfer_params, so a prefiller whose side-channel thread gets no CPU still
-    feeds D (on a shared core it did not answer for 25 s, every time: tests/bench/results/burst.md)."""
+    feeds D (on a shared core it did not answer for 25 s, every time:
+    benchmarks/results/2026-11-24-cpu-burst/summary.md)."""
     asked = []
 
     def fetch(host, port, timeout):

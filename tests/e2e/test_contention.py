@@ -4,9 +4,10 @@ Shared cores are normal on a laptop, in the cpu-dev overlay and in pods with CPU
 - `one core`: P and D pinned to core 0 with the neighbour. Earlier releases lost every KV load here ("no
   handshake ... within 5 s": D recomputed, TTFT went from ~0.3 to 5.4 s, and P held the unread blocks under its
   120 s lease).
-- `spanning`: P on core 0, D on cores 0-1 (the 2P1D layout of tests/bench/burst_bench.py), with the neighbour
+- `spanning`: P on core 0, D on cores 0-1 (the 2P1D layout of benchmarks/burst_bench.py), with the neighbour
   on core 0. Every load failed here (10 of 10) until D's NIXL progress thread stopped spinning through the
-  first READ's set-up and D stopped stepping non-stop while it waited (tests/bench/results/burst.md).
+  first READ's set-up and D stopped stepping non-stop while it waited
+  (benchmarks/results/2026-11-24-cpu-burst/summary.md).
 With real engines, our connector and our proxy: a burst of new prompts (the first READ from P happens inside
 it), then turns one at a time. Every load must succeed with no recompute, P must free its blocks within a
 second of D's read, and the decoder's launcher must warn that it shares a core with the prefiller.

@@ -1,4 +1,5 @@
-"""The documents a newcomer reads: README stays a short user's guide, and every relative link resolves."""
+"""The documents a newcomer reads: README stays a short user's guide, and every relative link resolves (in the
+results summaries too)."""
 
 import re
 from pathlib import Path
@@ -7,7 +8,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README_MAX_BYTES = 12 * 1024
-DOCUMENTS = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
+# the results summaries too: they link each other, their raw files and the docs
+DOCUMENTS = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "benchmarks" / "results").rglob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target): inline Markdown links
 
 

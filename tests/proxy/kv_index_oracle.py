@@ -1,7 +1,7 @@
 """The test oracle of proxy/kv/index.py: the proxy's earlier index, kept as it was (per worker, Python sets of
 block hashes per group; a worker's usable hit walks the prompt's blocks on that worker alone). Simple enough to
 trust, too slow and too big for a fleet; test_kv_index_oracle.py checks the fleet index answers as it does, and
-tests/bench/kv_index_bench.py measures both.
+benchmarks/kv_index_bench.py measures both.
 
 What each worker holds in its prefix cache, per KV-cache group, learned from its KV events; and the usable
 hybrid hit of a prompt on it.

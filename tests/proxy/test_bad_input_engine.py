@@ -1,4 +1,4 @@
-"""The bodies that make vLLM answer 500 (the fuzzer's findings, tests/bench/vllm_500_fields.py), against a real
+"""The bodies that make vLLM answer 500 (the fuzzer's findings, benchmarks/vllm_500_fields.py), against a real
 engine (the tiny model, decode launcher, no connector): sent to the engine directly they still get a 500 on this
 vLLM; sent through the proxy they get a 400 in OpenAI's shape, and the engine keeps serving."""
 

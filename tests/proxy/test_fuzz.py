@@ -74,7 +74,7 @@ WIRE_INTS = (-(2**63), 2**64 - 1)  # what vLLM's engine-core wire format (msgpac
 def expected_valid(path: str, raw: bytes, content_type: str = "application/json") -> bool:
     """Whether the proxy must serve this request (else refuse it with a 4xx): JSON sent as such, an object whose
     fields the proxy reads have their types, a prompt or messages, and none of the values vLLM answers with a
-    500 (tests/bench/results/2026-11-25-cpu-vllm-500-fields)."""
+    500 (benchmarks/results/2026-11-25-cpu-vllm-500-fields)."""
     if content_type.split(";", 1)[0].strip().lower() != "application/json":
         return False
     try:

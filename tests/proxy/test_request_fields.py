@@ -1,4 +1,4 @@
-"""Every body that made vLLM answer 500 (the fuzzer's findings, tests/bench/vllm_500_fields.py) gets a 400 in
+"""Every body that made vLLM answer 500 (the fuzzer's findings, benchmarks/vllm_500_fields.py) gets a 400 in
 OpenAI's shape from the proxy and reaches no worker; the values next to them that vLLM takes still reach the
 decoder. The proxy runs against fake workers."""
 
