@@ -84,5 +84,5 @@ def test_the_reader_sees_imports(tmp_path):
     assert top({"tests.support.procs", "benchmarks.setups", "hybrid_pd.proxy"}, "tests") == {"tests.support.procs"}
     assert "benchmarks.fleetsim_engine" in imports(ROOT / "benchmarks" / "fleetsim_core.py")  # `from .fleetsim_engine`
     assert "hybrid_pd.proxy.demo_workload" in imports(ROOT / "benchmarks" / "client.py")
-    assert RUNS_TESTS_CODE.search("PYTHONPATH=$ROOT python3 -m tests.bench.run")
+    assert RUNS_TESTS_CODE.search("PYTHONPATH=$ROOT python3 -m tests.support.storm")
     assert not RUNS_TESTS_CODE.search("python3 -m pytest tests/connector/test_families.py -q")

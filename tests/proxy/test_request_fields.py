@@ -5,17 +5,16 @@ decoder. The proxy runs against fake workers."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import aiohttp
 import pytest
 
+from benchmarks.naming import RESULTS
 from hybrid_pd.proxy.errors import BadRequest
 from hybrid_pd.proxy.request_fields import WIRE_INT_MAX, WIRE_INT_MIN, check_fields
 from tests.proxy.fakes import cluster, run
 
-RESULTS = Path(__file__).parents[1] / "bench" / "results" / "2026-11-25-cpu-vllm-500-fields" / "results.json"
-FINDINGS = json.loads(RESULTS.read_text())["found"]
+FINDINGS = json.loads((RESULTS / "2026-11-25-cpu-vllm-500-fields" / "results.json").read_text())["found"]
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 COMPLETION = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 1}
 
