@@ -48,7 +48,7 @@ class CpuBed:
     decode_core: str = "1"
     served_name: str = "tiny"
     env: Mapping[str, str] = field(default_factory=dict)
-    one_at_a_time = False
+    one_at_a_time = False  # each engine has cores of its own: all start at once
 
     def flags(self, role: str) -> list[str]:
         core = self.prefill_core if role == "prefill" else self.decode_core

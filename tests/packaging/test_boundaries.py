@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +62,13 @@ def test_the_product_imports_neither_tests_nor_benchmarks():
     bad = {str(p.relative_to(ROOT)): sorted(top(imports(p), "tests", "benchmarks"))
            for folder in PRODUCT for p in sorted((ROOT / folder).rglob("*.py"))}
     assert not {k: v for k, v in bad.items() if v}
+
+
+def test_the_wheel_ships_neither_tests_nor_benchmarks():
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = set(setup["package-dir"].values())
+    assert set(setup["packages"]) == set(setup["package-dir"])  # nothing found by discovery
+    assert not {f for f in folders if f.split("/")[0] in ("tests", "benchmarks")}
 
 
 def test_deploy_reaches_nothing_of_tests():
