@@ -64,9 +64,11 @@ case $cmd in
     python3 "$ROOT/benchmarks/gpu/real_shapes.py" "$kind" "$MODELS/$kind" ;;
   run)
     use_site; setup=${1:?setup}; kind=${2:?model kind}; out=${3:?out folder}; shift 3
-    mkdir -p "$out"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" || true
-    PYTHONPATH=$ROOT:$PYTHONPATH python3 -m benchmarks.gpu.bench --setup "$setup" --model "$MODELS/$kind" --out "$out" "$@" \
-      2>&1 | tee "$out/$setup-driver.txt" ;;
+    mkdir -p "$out"; out=$(cd "$out" && pwd)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" || true
+    # from the tree's root, so that `-m` finds benchmarks/ (the engines' environment stays without it)
+    (cd "$ROOT" && python3 -m benchmarks.gpu.bench --setup "$setup" --model "$MODELS/$kind" --out "$out" "$@") 2>&1 \
+      | tee "$out/$setup-driver.txt" ;;
   families)
     use_site; out=${1:?out folder}; mkdir -p "$out"
     fams=${2:-nemotron_h,granite_moe_hybrid,falcon_h1,zamba2,jamba,qwen3_5,qwen3_next,lfm2}
