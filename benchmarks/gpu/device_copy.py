@@ -1,4 +1,4 @@
-"""The GPU benchmark's yardstick (bench_gpu.py): device-to-device copies of the byte counts its transfers moved,
+"""The GPU benchmark's yardstick (bench.py): device-to-device copies of the byte counts its transfers moved,
 timed on the decoder's GPU and, when P has a GPU of its own, from P's GPU to D's."""
 
 from __future__ import annotations

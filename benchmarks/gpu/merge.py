@@ -1,4 +1,4 @@
-"""Merge the parts written by bench_gpu.py (one device call per set-up) into results.json and summary.md.
+"""Merge the parts written by bench.py (one device call per set-up) into results.json and summary.md.
 
     python3 benchmarks/gpu/merge.py RESULTS_DIR [--headline-length 8192] [--title TITLE]
 

@@ -1,7 +1,7 @@
 """NIXL READ between two processes on ONE GPU, under the UCX settings the benchmark's workers ran with and the
 ones vLLM's NixlConnector guide suggests, next to a device-to-device copy of the same bytes.
 
-Why: in the one-GPU benchmark (results/2026-11-23-h100-*) both connectors moved KV at 0.3-0.4 GB/s, about
+Why: in the one-GPU benchmark (benchmarks/results/2026-11-23-h100-*) both connectors moved KV at 0.3-0.4 GB/s, about
 1/2500 of a device copy. This separates the transport (UCX over TCP on loopback with host staging, or CUDA IPC)
 from the connectors. Needs only torch and the two nixl wheels (no vLLM, no hybrid-pd).
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MENTION = re.compile(r"benchmarks/[A-Za-z0-9_.*/-]*[A-Za-z0-9_*/]")
 # where results and the harness lived before this tree (tests/bench/ holds the harness's tests only)
 OLD = re.compile(r"tests/bench/(?!test_)|tests\.bench\.|deploy/gpu/results|deploy/gpu/[a-z_]+\.py"
-                 r"|bench_setups|bench_client")
+                 r"|bench_setups|bench_client|bench_gpu\.py")
 
 
 def tracked_text() -> dict[Path, str]:
