@@ -9,7 +9,7 @@ export UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on
 M=/root/models/qwen3next
 export PYTHONPATH=/root/site PATH=/root/site/bin:$PATH  # what bench_gpu.sh install put there
 probe() { local setup=$1; shift
-  python3 deploy/gpu/prefill_probe.py --setup "$setup" --model $M --out "$R/p" --graphs full "$@" \
+  python3 -m benchmarks.gpu.prefill_probe --setup "$setup" --model $M --out "$R/p" --graphs full "$@" \
     > "$R/p/$setup.log" 2>&1
   echo "p $setup rc=$?" >> "$R/done.txt"; }
 probe upstream --profile
