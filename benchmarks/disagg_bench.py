@@ -22,8 +22,8 @@ from pathlib import Path
 from benchmarks.client import metric_sum, scrape_metrics
 from benchmarks.procs import HYBRID_PD, Launched, free_port
 from benchmarks.setups import events_url, start_pd_pair
-from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from hybrid_pd.prefill.dev.demo_workload import stream
+from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from tests.support.conversation import text_of
 
 

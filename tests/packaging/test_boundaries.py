@@ -91,6 +91,6 @@ def test_the_harness_reaches_nothing_of_tests():
 def test_the_reader_sees_imports(tmp_path):
     assert top({"tests.support.procs", "benchmarks.setups", "hybrid_pd.proxy"}, "tests") == {"tests.support.procs"}
     assert "benchmarks.fleetsim_engine" in imports(ROOT / "benchmarks" / "fleetsim_core.py")  # `from .fleetsim_engine`
-    assert "hybrid_pd.proxy.demo_workload" in imports(ROOT / "benchmarks" / "client.py")
+    assert "hybrid_pd.prefill.dev.demo_workload" in imports(ROOT / "benchmarks" / "client.py")
     assert RUNS_TESTS_CODE.search("PYTHONPATH=$ROOT python3 -m tests.support.storm")
     assert not RUNS_TESTS_CODE.search("python3 -m pytest tests/connector/test_families.py -q")
