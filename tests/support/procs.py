@@ -10,7 +10,8 @@ import os
 from benchmarks.client import http_json, metric_sum, scrape_metrics
 from benchmarks.procs import HYBRID_PD, Launched, free_port
 
-__all__ = ["HYBRID_PD", "Launched", "free_port", "http_json", "metric_sum", "scrape_metrics", "worker_argv"]
+__all__ = ["HYBRID_PD", "Launched", "free_port", "http_json", "kv_events", "metric_sum", "scrape_metrics",
+           "worker_argv"]
 
 
 def kv_events(worker: Launched) -> str:
