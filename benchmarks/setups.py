@@ -190,7 +190,7 @@ class Workers:
         argv += ["--decode-events", events_url(decode)]
         proc = Launched(self.prefix + "proxy", argv, f"http://127.0.0.1:{port}", self.logs)
         self.procs.append(proc)
-        proc.wait_healthy(60)
+        proc.wait_healthy(150)  # ready once its tokenizer loads (proxy/background.py: 120 s at most)
         return proc
 
     def close(self) -> None:
