@@ -22,14 +22,13 @@ import json
 import statistics
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.client import metric_sum, scrape_metrics
 from benchmarks.procs import HYBRID_PD, Launched, free_port
 from benchmarks.setups import events_url, start_pd_pair
-from hybrid_pd.prefill.dev.demo_workload import transfer_counters
+from hybrid_pd.prefill.dev.demo_workload import stream, transfer_counters
 from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from tests.support.conversation import text_of, tokenize
 
@@ -39,25 +38,12 @@ FIRST_WORDS, SHORT_TOOL, LONG_TOOL = 500, 15, 200
 
 
 def stream_turn(url: str, prompt: list[int]) -> tuple[float, list[int], dict]:
-    """(TTFT s, the answer's token ids, usage) of one streamed completion."""
+    """(TTFT s, the answer's token ids, usage with the answer's text) of one streamed completion."""
     body = {"model": "tiny", "prompt": prompt, "max_tokens": ANSWER, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    start, ttft, ids, usage, text = time.monotonic(), float("nan"), [], {}, []
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                if (choice.get("text") or choice.get("token_ids")) and ttft != ttft:
-                    ttft = time.monotonic() - start
-                ids += choice.get("token_ids") or []
-                text.append(choice.get("text") or "")
-    return ttft, ids, usage | {"text": "".join(text)}
+            "return_token_ids": True}
+    ids: list[int] = []
+    text, usage, ttft, _ = stream(url, "/v1/completions", body, token_ids=ids)
+    return ttft, ids, usage | {"text": text}
 
 
 def session(proxy: str, decode: str, salt: int, turns: int, suffix_words: int) -> list[dict]:

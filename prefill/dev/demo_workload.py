@@ -45,11 +45,17 @@ class Result:
 
 
 def stream(
-    url: str, path: str, body: dict, timeout: float = 300, margins: list[tuple[str, float | None]] | None = None
+    url: str,
+    path: str,
+    body: dict,
+    timeout: float = 300,
+    margins: list[tuple[str, float | None]] | None = None,
+    token_ids: list[int] | None = None,
 ) -> tuple[str, dict, float, list[float]]:
     """POST a streaming request; return (text, usage, ttft, token arrival times). With `margins` (and a body
     asking for `logprobs`), each generated token and how far its log-probability leads the runner-up's are
-    appended to it (a near-tie lets two correct engines part ways)."""
+    appended to it (a near-tie lets two correct engines part ways); with `token_ids` (and `return_token_ids` in
+    the body), the generated ids."""
     body = dict(body, stream=True, stream_options={"include_usage": True})
     req = urllib.request.Request(
         url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
@@ -70,6 +76,8 @@ def stream(
                 if piece:
                     arrivals.append(time.monotonic() - start)
                     text.append(piece)
+                if token_ids is not None:
+                    token_ids += choice.get("token_ids") or []
                 if margins is not None:
                     lp = choice.get("logprobs") or {}
                     for tok, top in zip(lp.get("tokens") or [], lp.get("top_logprobs") or []):
