@@ -17,3 +17,10 @@ DECODER_KNOWS = "hybrid_pd_decoder_knows"
 
 # The name clients use for the tiny model (`--model tiny`, the launchers' and the demo's default).
 TINY_SERVED_NAME = "hybrid-pd-tiny"
+
+# In the prefill request's kv_transfer_params: where this prefiller stops computing the prompt, chosen per turn by
+# the proxy's placement (proxy/placement/cost_model.py): "boundary", the last aligned block boundary below the
+# prompt's end (one engine step in align mode; D computes the tail), or "last", N-1 tokens (two steps in align
+# mode; D computes the last token in its decode step). Absent: the engine's own setting (prefill_to_boundary).
+PREFILL_STOP = "hybrid_pd_prefill_stop"
+STOP_BOUNDARY, STOP_LAST = "boundary", "last"

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from hybrid_pd.connector.contract import DECODER_KNOWS
+from hybrid_pd.connector.contract import DECODER_KNOWS, PREFILL_STOP, STOP_BOUNDARY, STOP_LAST
 from hybrid_pd.connector.errors import ConnectorError
 from hybrid_pd.connector.integrity import digest_targets
 from hybrid_pd.connector.messages import (
@@ -67,12 +67,9 @@ class SchedulerSide:
     ):
         self.engine_id, self.host, self.port = engine_id, host, port
         self.groups = list(groups)
-        # P stops at this block boundary (0: computes N-1 tokens): the aligned block of a model with Mamba groups
-        self.boundary = (
-            math.lcm(*(g.block_size for g in groups))
-            if prefill_to_boundary and any(g.kind == "mamba" for g in groups)
-            else 0
-        )
+        # P stops at a multiple of the aligned block of a model with Mamba groups (0: attention-only, N-1 tokens)
+        self.aligned = math.lcm(*(g.block_size for g in groups)) if any(g.kind == "mamba" for g in groups) else 0
+        self.boundary = self.aligned if prefill_to_boundary else 0  # where P stops unless the request says
         self.lease_s = lease_s
         self.store = checkpoints
         self._ship = ship_checkpoints
@@ -113,15 +110,19 @@ class SchedulerSide:
         block) in the step it needs anyway for the last token. The state D resumes from is then itself an
         aligned checkpoint: D caches it as its own and no separate checkpoint crosses. Prompts shorter than a
         block, or attention-only models, keep the N-1 rule (D always computes the last token itself).
-        Once per request, whatever preemption does; vllm_request.truncate_prompt does the cutting (vLLM's
-        private token lists are the glue's to edit)."""
+        The proxy may choose per request (PREFILL_STOP in its kv_transfer_params: "last" for N-1, when the
+        decoder is busy and the tail's step would stall its streams; "boundary"); without it, the engine's
+        setting. Once per request, whatever preemption does; vllm_request.truncate_prompt does the cutting
+        (vLLM's private token lists are the glue's to edit)."""
         params = request.kv_transfer_params
         if not params or not params.get("do_remote_decode") or params.get(MARK_TRUNCATED):
             return 0
         n = request.num_prompt_tokens
         if n < 2 or request.prompt_token_ids is None:
             return 0
-        keep = (n - 1) // self.boundary * self.boundary if self.boundary else 0
+        stop = params.get(PREFILL_STOP)
+        boundary = self.aligned if stop == STOP_BOUNDARY else 0 if stop == STOP_LAST else self.boundary
+        keep = (n - 1) // boundary * boundary if boundary else 0
         request.max_tokens = 1
         params[MARK_TRUNCATED] = True
         if self.digests:

@@ -3,7 +3,8 @@
     1. tokenize (only when a policy or threshold needs token ids)
     2. pick the decoder D (decode-first: the decoder's cache decides where the turn lives)
     3. decide: remote prefill on P, or prefill on D (placement/decider.py)
-    4. P: the body with max_tokens=1, stream=false, kv_transfer_params {do_remote_decode: true}
+    4. P: the body with max_tokens=1, stream=false, kv_transfer_params {do_remote_decode: true} (and, where
+       the placement chose, where P stops: at the last aligned boundary or at N-1)
          -> P's kv_transfer_params. P's one sampled token is dropped: D samples the first token itself.
          5xx, timeout, unreachable, or no kv_transfer_params -> decode-only fallback; 4xx -> to the client
     5. D: the original body + P's kv_transfer_params; its answer (JSON or SSE) is relayed, cached_tokens fixed
@@ -23,7 +24,7 @@ import os
 import time
 from typing import Any
 
-from hybrid_pd.connector.contract import DECODER_KNOWS
+from hybrid_pd.connector.contract import DECODER_KNOWS, PREFILL_STOP
 
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .handshakes import HandshakeMemo
@@ -200,6 +201,8 @@ class PDFlow:
         assert self.loop is not None
         prefill_s = self.config.timeouts.prefill_s
         body = turn.body.prefill_body(self.config.kv.forward_token_ids)
+        if turn.placement is not None and turn.placement.stop:  # where P stops: the placement's choice
+            body["kv_transfer_params"][PREFILL_STOP] = turn.placement.stop
         if turn.decoder is not None:
             known = self.handshakes.known_to(prefiller.url, turn.decoder.url, turn.decoder.identity)
             if known is not None:

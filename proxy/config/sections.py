@@ -215,6 +215,21 @@ class DisaggConfig:
         parse=int,
         check=at_least(0),
     )
+    warm_pairs: bool = setting(
+        False,
+        "warm_pairs",
+        "send each admitted prefiller/decoder pair one short PD request of the proxy's own before clients' (the "
+        "first READ between two engines takes ~1 s: handshake, memory mapping, first kernels); /health answers "
+        "503 until the first ones end (90 s at most)",
+        parse=boolean,
+    )
+    log_placement: bool = setting(
+        False,
+        "log_placement",
+        "policy ours: log each turn's placement at INFO (every option's predicted TTFT, stall and cost, the choice) "
+        "and, once its first token is out, the TTFT it had",
+        parse=boolean,
+    )
     usage_breakdown: bool = setting(
         True,
         "usage_breakdown",

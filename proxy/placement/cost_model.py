@@ -4,29 +4,39 @@ A pure function of the request's shape, each worker's usable hit and load, and a
 predicts, for every option, this request's TTFT and what the option does to the streams D is decoding, and
 picks the option with the least TTFT among those that keep D's streams within the ITL objective:
 
-    option          TTFT                                                  D's streams: each waits / longest gap
-    D alone         wait_D + prefill(U_d, hit_d) + steps * k * s          prefill(U_d, hit_d) / step(k+1) + a chunk
-    P_i, then D     wait_i + prefill(U_i, hit_i) + hop + READ(MB)         the tail / step(k+1) + the tail
-                    + step(k+1) + the tail on D
+    option              TTFT                                                    D's streams: each waits / gap
+    D alone             wait_D + prefill(U_d, hit_d) + steps * k * s            prefill(U_d, hit_d)
+    P_i to the boundary wait_i + prefill(U_i, hit_i) + hop + READ(MB)           the tail's step
+                        + step(k+1) + the tail's step on D
+    P_i to N-1          wait_i + prefill(U_i', hit_i, its steps) + hop          s (one more sequence's token)
+                        + READ(MB') + step(k+1)
 
     N                the prompt's tokens; a hit is the joint one (attention blocks AND a checkpoint there)
     U_d = N - hit_d  what D computes alone
-    U_i              what P_i computes: up to `tail` tokens short of N (the last aligned boundary below N for a
-                     hybrid model, one token for an attention-only one), past its own hit; D computes the tail
+    U_i              what P_i computes to the boundary: the last aligned boundary below N (a hybrid model), past
+                     its own hit, in the steps its chunk size needs; D then computes the tail (< one aligned
+                     block) in an engine step of its own: a mixed step whose fixed cost every running stream
+                     waits for (2026-11-26 H200 run: 37 ms where a decode step took 6.6)
+    U_i'             what P_i computes to N-1 (as upstream's connector does; the only option of an attention-only
+                     model): align mode takes one more step on P (to the boundary, then the rest), and D's last
+                     token rides in a decode step. Chosen per turn: P's stop travels in its kv_transfer_params
+                     (connector/contract.py PREFILL_STOP)
     MB               what D pulls: the KV of the tokens between its own hit and P's stop, plus one checkpoint
     prefill(U, C)    steps * step + U * (per_token + per_token_per_kctx * (C + U/2) / 1000): each computed
                      token attends over its context, C + U/2 on average; an engine step costs `step` whatever it
-                     computes (on our H100 runs most of it: the eager prefill path is CPU-bound). P takes
-                     the steps its chunk size needs; D alone one more for a hybrid model (align mode ends a step
-                     at the last aligned boundary, then computes the rest: `local_steps`)
+                     computes (CPU-bound launch work on our GPU runs). D alone takes one step more than its chunks
+                     for a hybrid model (align mode ends a step at the last aligned boundary, then computes the
+                     rest: `local_steps`)
     step(k)          D's decode step with k streams: step_ms + step_ms_per_seq * (k - 1); s = step_ms_per_seq
     k                D's running + waiting streams
-    wait             a worker's queue: its queued prompt tokens at the per-token rate (and, on P, a fixed step
-                     per request in it)
+    wait             a worker's queue: the steps and tokens of the prompt tokens queued on it (an engine step
+                     batches several requests' chunks, up to chunk_tokens), one step where it runs requests this
+                     proxy did not send
 
 The objective (`itl_slo_ms`): > 0, the least TTFT among the options whose longest gap on D's streams is within it
 (none within it: the least gap, i.e. protect the streams); 0, the least total delay the option adds: its TTFT plus
-the stall of each of D's k streams (what every request waiting on D pays). Ties go to D alone (no hop, no bytes).
+the stall of each of D's k streams (what every request waiting on D pays). Ties go to D alone (no hop, no bytes),
+then to P stopping at the boundary (fewer steps on P).
 
 The choice is monotone (tests/proxy/test_placement.py checks it with Hypothesis): a busier D, or a larger hit
 on a prefiller, never moves a turn from a prefiller to D; a busier prefiller, or a larger hit on D, never moves it
@@ -34,8 +44,9 @@ from D to a prefiller; a worker that cannot serve is never an option. This holds
 whose prefill costs at least what reading its KV costs (per_token >= kv_mb_per_token * read_ms_per_mb; on every
 GPU we measured, by two orders of magnitude).
 
-In the proxy (decider.py) the choice is D alone or remote; a remote turn's prefiller is then the prefill router's
-pick, as with every policy (with kv_hit or queue_cost routing it is the option's P_i or one as warm).
+In the proxy (decider.py) the choice is D alone or remote, and where remote, P's stop; a remote turn's prefiller
+is then the prefill router's pick, as with every policy (with kv_hit or queue_cost routing it is the option's P_i
+or one as warm).
 
 Priors (PRIORS) come from our GPU results; `online_rates.OnlineRates` updates them from the proxy's own
 observations. This module imports nothing of the proxy: the fleet simulator imports it as is.
@@ -82,31 +93,34 @@ class Rates:
         return max(1, math.ceil(tokens / max(self.chunk_tokens, 1))) if tokens > 0 else 0
 
 
-# Priors: one H100, vLLM 0.26, Qwen3-Next shapes (12 layers = 3 x (3 GDN + 1 attention), 544-token aligned block,
-# eager prefill, CUDA graphs for decode), from `python3 benchmarks/gpu/fit_placement_priors.py` over the phase probes
-# (every server's /metrics around one request) and agentic rows of benchmarks/results/2026-11-24-h100-qwen3next,
-# -r3 and -r4 (49 prefills, 38 PD turns):
+# Priors: one H200, vLLM 0.26 with its default CUDA graphs (piecewise compile + full decode graphs), Qwen3-Next shapes
+# (12 layers = 3 x (3 GDN + 1 attention), 544-token aligned block), from `python3 benchmarks/gpu/fit_placement_priors.py
+# 2026-11-26-h200-qwen3next-full-graphs/machine-a 2026-11-26-h200-qwen3next-full-graphs/machine-b` (20 prefills,
+# 14 PD turns):
 #   prefill_ms_per_token           the profiled GPU kernel time per prompt token (2026-11-25-h100-prefill-steps:
 #                                  123 ms for 17,399 tokens); our prompts cannot tell it from the steps' noise
 #   prefill_step_ms, _per_kctx     least squares (>= 0) over the prefills as the proxy sees them (P's HTTP call,
-#                                  a colocated turn's TTFT): two steps each in align mode, 52 ms a step (the
-#                                  eager path is CPU-bound: 2026-11-25-h100-prefill-steps); residual p50 22 ms
+#                                  a colocated turn's TTFT): 38 ms a step, CPU-bound launch work (2026-11-26 H200
+#                                  profile: 15 ms of kernels in a 66 ms step); residual p50 20 ms; the context term
+#                                  fits to 0 on these lengths
 #   hop_ms                         median of PD turns' TTFT - P's call - READ - D's first step
 #   read_ms_per_mb                 median of the decoders' transfer time / bytes over cuda_ipc
-#   kv_mb_per_token, checkpoint_mb least squares over (tokens pulled, bytes) of our PD turns
-#   step_ms, step_ms_per_seq       the clients' ITL p50 at c=1 (7.1 ms) and c=8 (8.6 ms) of the agentic rows
+#   kv_mb_per_token, checkpoint_mb least squares over (tokens pulled, bytes) of our PD turns on one H100
+#                                  (2026-11-24 runs; the same shape: the H200 run's decoder logs agree, 49.8 MB for
+#                                  4,641 tokens, 33.1 MB for 1,857)
+#   step_ms, step_ms_per_seq       the clients' ITL p50 at c=1 (5.7 ms) and c=8 (7.0 ms) of the agentic rows
 # Other shapes and machines differ: the online fit (online_rates.py) takes over from a deployment's first
 # requests.
 PRIORS = Rates(
-    prefill_step_ms=52.0,
+    prefill_step_ms=38.2,
     prefill_ms_per_token=0.00707,
-    prefill_ms_per_token_per_kctx=0.00039,
-    hop_ms=24.4,
-    read_ms_per_mb=0.048,
+    prefill_ms_per_token_per_kctx=0.0,
+    hop_ms=15.0,
+    read_ms_per_mb=0.0219,
     kv_mb_per_token=0.0056,
     checkpoint_mb=22.5,
-    step_ms=7.1,
-    step_ms_per_seq=0.22,
+    step_ms=5.71,
+    step_ms_per_seq=0.18,
     chunk_tokens=8192,
 )
 
@@ -122,6 +136,9 @@ class WorkerView:
     can_serve: bool = True  # admitted: healthy, not terminating
 
 
+BOUNDARY, LAST = "boundary", "last"  # where P stops: the last aligned boundary below N, or N-1 tokens
+
+
 @dataclass(frozen=True)
 class Option:
     prefiller: str | None  # None: the decoder alone
@@ -133,6 +150,7 @@ class Option:
     prefill_tokens: int  # prompt tokens computed on the prefiller (0 alone)
     decoder_tokens: int  # prompt tokens computed on the decoder
     read_mb: float  # bytes D pulls
+    stop: str = ""  # a remote option's stop on P: BOUNDARY or LAST ("" alone)
 
 
 @dataclass(frozen=True)
@@ -140,11 +158,15 @@ class Placement:
     prefiller: str | None  # the chosen prefiller's name; None: the decoder alone
     reason: str  # local_fastest, local_itl_slo, remote_fastest, remote_itl_slo, remote_least_gap, local_only
     chosen: Option
-    options: tuple[Option, ...]  # D alone first, then each prefiller that can serve
+    options: tuple[Option, ...]  # D alone first, then each prefiller that can serve (to the boundary, to N-1)
 
     @property
     def local(self) -> bool:
         return self.prefiller is None
+
+    @property
+    def stop(self) -> str:
+        return self.chosen.stop
 
 
 def local_steps(prompt_tokens: int, hit: int, aligned_block: int, chunk_tokens: int) -> int:
@@ -156,17 +178,19 @@ def local_steps(prompt_tokens: int, hit: int, aligned_block: int, chunk_tokens: 
         return max(1, math.ceil((prompt_tokens - hit) / chunk))
     boundary = (prompt_tokens // aligned_block) * aligned_block
     before = math.ceil((boundary - hit) / chunk) if boundary > hit else 0
-    return max(1, before + (1 if prompt_tokens > max(boundary, hit) else 0))
+    return max(1, before + math.ceil((prompt_tokens - max(boundary, hit)) / chunk))
 
 
-def remote_tail(prompt_tokens: int, aligned_block: int) -> int:
+def remote_tail(prompt_tokens: int, aligned_block: int, stop: str = BOUNDARY) -> int:
     """Tokens D computes itself after a pull: P stops at the last aligned boundary below the prompt's end (a
-    hybrid model, aligned_block > 0), or one token short (vLLM computes the last token on D)."""
+    hybrid model, aligned_block > 0, stop BOUNDARY), or one token short (vLLM computes the last token on D; also
+    where no boundary lies below the end, as the connector does)."""
     if prompt_tokens <= 1:
         return max(prompt_tokens, 0)
-    if aligned_block <= 0:
+    boundary = (prompt_tokens - 1) // aligned_block * aligned_block if aligned_block > 0 else 0
+    if stop == LAST or boundary <= 0:
         return 1
-    return prompt_tokens - ((prompt_tokens - 1) // aligned_block) * aligned_block
+    return prompt_tokens - boundary
 
 
 def place(
@@ -186,8 +210,10 @@ def place(
     k = max(decoder.load, 0.0)
     slo = max(itl_slo_ms, 0.0)
     local = _local(n, decoder, k, rates, slo, aligned_block)
-    tail = remote_tail(n, aligned_block)
-    remotes = [_remote(n, tail, decoder, p, k, rates, slo) for p in prefillers if p.can_serve]
+    stops = (BOUNDARY, LAST) if remote_tail(n, aligned_block) > 1 else (LAST,)
+    remotes = [
+        _remote(n, stop, decoder, p, k, rates, slo, aligned_block) for p in prefillers if p.can_serve for stop in stops
+    ]
     options = (local, *remotes)
     if not remotes:
         return Placement(None, "local_only", local, options)
@@ -204,6 +230,22 @@ def place(
     return Placement(best.prefiller, "remote_least_gap", best, options)
 
 
+def queue_ms(rates: Rates, queued_tokens: int, load: float) -> float:
+    """A worker's queue ahead of this request: the engine steps its queued prompt tokens need (a step batches
+    several requests' chunks) and their tokens; one step where it runs requests whose tokens this proxy does not
+    know (another proxy's, or its own in their decode)."""
+    steps = rates.chunks(queued_tokens) if queued_tokens > 0 else (1 if load > 0 else 0)
+    return steps * rates.prefill_step_ms + max(queued_tokens, 0) * rates.prefill_ms_per_token
+
+
+def decoder_tail_ms(rates: Rates, n: int, tokens: int, steps: int | None = None) -> float:
+    """D's time for the last `tokens` of an `n`-token prompt after a pull: one token rides in D's decode step (its
+    per-token cost); more are a prefill of their own, in mixed steps that each running stream waits for."""
+    if tokens <= 1:
+        return max(tokens, 0) * rates.prefill_ms_per_token
+    return rates.prefill_ms(tokens, n - tokens, steps)
+
+
 def _local(n: int, d: WorkerView, k: float, rates: Rates, slo: float, aligned_block: int) -> Option:
     hit = min(max(d.hit, 0), n - 1)
     u = n - hit
@@ -218,21 +260,24 @@ def _local(n: int, d: WorkerView, k: float, rates: Rates, slo: float, aligned_bl
     return Option(None, ttft, prefill, gap, ttft + k * prefill, meets, 0, u, 0.0)
 
 
-def _remote(n: int, tail: int, d: WorkerView, p: WorkerView, k: float, rates: Rates, slo: float) -> Option:
-    boundary = n - tail
-    p_hit = min(max(p.hit, 0), boundary)
-    u = max(boundary - p_hit, 1 if boundary > 0 else 0)  # P computes at least one token per call
+def _remote(
+    n: int, stop: str, d: WorkerView, p: WorkerView, k: float, rates: Rates, slo: float, aligned_block: int
+) -> Option:
+    end = n - remote_tail(n, aligned_block, stop)  # where P stops
+    p_hit = min(max(p.hit, 0), end)
+    u = max(end - p_hit, 1 if end > 0 else 0)  # P computes at least one token per call
+    # to N-1 in align mode P ends a step at the last boundary below it, then computes the rest
+    p_steps = local_steps(end, p_hit, aligned_block, rates.chunk_tokens) if stop == LAST else rates.chunks(u)
     d_hit = min(max(d.hit, 0), n - 1)
-    pulled = max(boundary - d_hit, 0)  # D keeps its own hit and pulls the rest up to the boundary
-    on_d = n - max(boundary, d_hit)  # then computes what is left: the tail, or less where it holds more
-    read_mb = pulled * rates.kv_mb_per_token + rates.checkpoint_mb  # P's state at the boundary crosses
-    # P's queue: every request ahead costs a step and its tokens (queued_tokens: this proxy's; load: everyone's)
-    wait = (p.queued_tokens * rates.prefill_ms_per_token if p.queued_tokens > 0 else 0.0) + max(
-        p.load, 0.0
-    ) * rates.prefill_step_ms
-    tail_ms = on_d * rates.prefill_ms_per_token
+    pulled = max(end - d_hit, 0)  # D keeps its own hit and pulls the rest up to P's stop
+    on_d = n - max(end, d_hit)  # then computes what is left: the tail, or less where it holds more
+    read_mb = pulled * rates.kv_mb_per_token + rates.checkpoint_mb  # P's state at its stop crosses
+    wait = queue_ms(rates, p.queued_tokens, p.load)
     step = rates.step(k + 1)
-    ttft = wait + rates.prefill_ms(u, p_hit) + rates.hop_ms + read_mb * rates.read_ms_per_mb + step + tail_ms
-    gap = step + min(on_d, rates.chunk_tokens) * rates.prefill_ms_per_token
+    tail_ms = decoder_tail_ms(rates, n, on_d)
+    last = min(on_d, rates.chunk_tokens)
+    gap_ms = decoder_tail_ms(rates, n, last, steps=1)  # its costliest step
+    ttft = wait + rates.prefill_ms(u, p_hit, p_steps) + rates.hop_ms + read_mb * rates.read_ms_per_mb + step + tail_ms
+    gap = step + gap_ms
     meets = k <= 0 or slo <= 0 or gap <= slo
-    return Option(p.name, ttft, tail_ms, gap, ttft + k * tail_ms, meets, u, on_d, read_mb)
+    return Option(p.name, ttft, tail_ms, gap, ttft + k * tail_ms, meets, u, on_d, read_mb, stop)

@@ -20,7 +20,7 @@ from ..routing import RequestContext
 from ..state import ProxyState
 from ..turn import LOCAL_PREFILL, REMOTE_PREFILL, Turn
 from ..workers import Worker
-from .cost_model import Placement, WorkerView, local_steps, place
+from .cost_model import BOUNDARY, Placement, WorkerView, decoder_tail_ms, local_steps, place, remote_tail
 from .disagg import decide, gate, is_remote
 
 log = logging.getLogger("hybrid_pd.proxy")
@@ -58,6 +58,8 @@ class Decider:
         if gated is None and prompt_tokens is not None:
             if policy == "ours" and prefillers:
                 turn.placement = self._place(context, decoder, prefillers, prompt_tokens, block)
+                if cfg.log_placement:
+                    log.info("placement %s: %s", turn.headers["X-Request-Id"], describe(turn.placement, prompt_tokens))
             elif policy in ("isl-bounding", "non-cached-tokens") and state.kv_index.workers:
                 attention_hit = context.attention_only(state.deps).get(decoder.url, 0)
         return decide(
@@ -119,16 +121,25 @@ class Decider:
         r = rates.rates
         block = aligned_block(self.state.kv_index.specs)
         ttft = (turn.first_byte - turn.decided) * 1000 if turn.first_byte is not None else None
+        if self.config.log_placement and turn.placement is not None and ttft is not None:
+            predicted = turn.placement.chosen.ttft_ms
+            log.info(
+                "placement %s: TTFT %.1f ms (predicted %.1f), %s",
+                turn.headers["X-Request-Id"],
+                ttft,
+                predicted,
+                turn.mode,
+            )
         if turn.mode == REMOTE_PREFILL and turn.prefill_ms is not None:
-            tail = n - ((n - 1) // block) * block if block > 0 else 1
-            p_hit = min(turn.prefill_hit or 0, n - tail)
-            computed = max(n - tail - p_hit, 1)
-            if turn.prefill_alone:
-                rates.observe_prefill(computed, p_hit, r.chunks(computed), turn.prefill_ms)
+            end = prefill_stop(turn, n, block)
+            p_hit = min(turn.prefill_hit or 0, end)
+            computed = max(end - p_hit, 1)
+            if turn.prefill_alone:  # to N-1, align mode takes P a step to the boundary below, then one more
+                rates.observe_prefill(computed, p_hit, local_steps(end, p_hit, block, r.chunk_tokens), turn.prefill_ms)
             if ttft is not None:
-                d_hit = min(turn.decoder_hit or 0, n - tail)
-                read = ((n - tail - d_hit) * r.kv_mb_per_token + r.checkpoint_mb) * r.read_ms_per_mb
-                tail_ms = tail * r.prefill_ms_per_token
+                d_hit = min(turn.decoder_hit or 0, end)
+                read = ((end - d_hit) * r.kv_mb_per_token + r.checkpoint_mb) * r.read_ms_per_mb
+                tail_ms = decoder_tail_ms(r, n, n - end)
                 rates.observe_hop(ttft - turn.prefill_ms - read - r.step(turn.streams + 1) - tail_ms)
         elif turn.mode == LOCAL_PREFILL and ttft is not None and turn.placement is not None:
             hit = turn.reported_hit if turn.reported_hit is not None else n - turn.placement.options[0].decoder_tokens
@@ -141,3 +152,24 @@ class Decider:
         if turn.first_byte is not None and completion_tokens > 1:
             step_ms = (ended - turn.first_byte) * 1000 / (completion_tokens - 1)
             self.state.rates.observe_step(turn.streams + 1, step_ms)
+
+
+def prefill_stop(turn: Turn, n: int, block: int) -> int:
+    """Where P stopped computing the turn's prompt: the tokens its kv_transfer_params say it computed, else where
+    the placement asked it to stop (the last aligned boundary below N, or N-1)."""
+    said = (turn.transfer_params or {}).get("remote_num_tokens")
+    if isinstance(said, int) and 0 < said < n:
+        return said
+    stop = turn.placement.stop if turn.placement is not None else BOUNDARY
+    return n - remote_tail(n, block, stop or BOUNDARY)
+
+
+def describe(placement: Placement, prompt_tokens: int) -> str:
+    """One line: the choice, then every option's prediction (ms) and its split of the prompt."""
+    options = "; ".join(
+        f"{o.prefiller or 'D'}{'@' + o.stop if o.stop else ''} ttft {o.ttft_ms:.1f} stall {o.stall_ms:.1f} "
+        f"cost {o.cost_ms:.1f} P {o.prefill_tokens} D {o.decoder_tokens}"
+        for o in placement.options
+    )
+    chosen = (placement.prefiller or "D") + ("@" + placement.stop if placement.stop else "")
+    return f"{prompt_tokens} tokens -> {chosen} ({placement.reason}); {options}"

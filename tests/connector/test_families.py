@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from hybrid_pd.connector.contract import PREFILL_STOP, STOP_LAST
 from hybrid_pd.prefill.dev.tiny_families import FAMILY_VLLM_ARGS
 from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from tests.support import controls
@@ -58,9 +59,6 @@ def family(request, engine_set):
     engines = engine_set({
         "ref": ("decode", "none", "1", model, env),
         "p": ("prefill", "hybrid", "0", model, {"HYBRID_PD_LEASE_S": "10", **env}),
-        # P computing N-1 tokens (not stopping at a block boundary): the negative control's prefiller
-        "p_n1": ("prefill", "hybrid", "0", model,
-                 {"HYBRID_PD_LEASE_S": "10", "HYBRID_PD_PREFILL_TO_BOUNDARY": "0", **env}),
         "d": ("decode", "hybrid", "1", model, env),
         "d_zero": ("decode", "hybrid", "1", model, controls.ZERO_STATE_ENV | env),  # zeroes every state it reads
     }, FAMILY_VLLM_ARGS.get(request.param, ()))
@@ -104,8 +102,12 @@ def test_pd_output_equals_one_engine_and_depends_on_what_moved(family):
     # CPU the tiny Qwen3.5 read a wrong 127-token tail past its own 256-token hit, its first log-probability
     # moved from -0.17 to -0.29, and its greedy answer stayed, because it computes the last prompt token itself.)
     # D now holds the wrong blocks under that prompt's hash: no other test sends it.
-    urls = family["engines"].up("p_n1", "d", ahead=("d_zero",))  # the last tests' decoder
-    wrong = complete(urls["p_n1"], family["other"], max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    # P computes N-1 tokens (not stopping at a block boundary) because the request says so, as the proxy's
+    # placement asks when the decoder is busy
+    urls = family["engines"].up("p", "d", ahead=("d_zero",))  # the last tests' decoder
+    asked = {"do_remote_decode": True, PREFILL_STOP: STOP_LAST}
+    wrong = complete(urls["p"], family["other"], max_tokens=1, kv_transfer_params=asked)
+    assert wrong["kv_transfer_params"]["remote_num_tokens"] == len(family["other"]) - 1
     before = d_metrics(urls["d"])
     d_wrong = complete(urls["d"], family["fresh"], kv_transfer_params=wrong["kv_transfer_params"], logprobs=1)
     moved = delta(before, d_metrics(urls["d"]))

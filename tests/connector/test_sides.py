@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from hybrid_pd.connector.contract import PREFILL_STOP, STOP_BOUNDARY, STOP_LAST
 from hybrid_pd.connector.errors import HandshakeError, HandshakeTimeout, PeerGone
 from hybrid_pd.connector.messages import (
     PROTOCOL_VERSION,
@@ -70,6 +71,19 @@ def test_prefiller_stops_at_the_last_block_boundary_below_the_prompts_end():
     assert delay and params["remote_num_tokens"] == 8 and params["checkpoints"] == []  # nothing extra crosses
     attention_only = SchedulerSide(engine_id="P", host="h", port=7, groups=[GroupSpec("attention", 4)])
     assert attention_only.on_new_request(request(11, {"do_remote_decode": True})) == 10  # N-1: no split there
+
+
+def test_the_request_chooses_where_the_prefiller_stops():
+    """The proxy's placement picks P's stop per turn (PREFILL_STOP): N-1 when D's streams would wait for the
+    tail's step, the boundary otherwise; either way over the engine's own setting. Attention-only: N-1 always."""
+    for default in (True, False):
+        p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, prefill_to_boundary=default)
+        assert p.on_new_request(request(11, {"do_remote_decode": True, PREFILL_STOP: STOP_LAST})) == 10
+        assert p.on_new_request(request(11, {"do_remote_decode": True, PREFILL_STOP: STOP_BOUNDARY})) == 8
+        assert p.on_new_request(request(11, {"do_remote_decode": True})) == (8 if default else 10)
+    attention_only = SchedulerSide(engine_id="P", host="h", port=7, groups=[GroupSpec("attention", 4)])
+    asked = {"do_remote_decode": True, PREFILL_STOP: STOP_BOUNDARY}
+    assert attention_only.on_new_request(request(11, asked)) == 10
 
 
 def test_prefiller_cuts_one_token_and_returns_params_with_a_pinned_checkpoint():

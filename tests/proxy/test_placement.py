@@ -9,7 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid_pd.proxy.placement.cost_model import PRIORS, Rates, WorkerView, local_steps, place, remote_tail
+from hybrid_pd.proxy.placement.cost_model import (
+    BOUNDARY,
+    LAST,
+    PRIORS,
+    Rates,
+    WorkerView,
+    local_steps,
+    place,
+    queue_ms,
+    remote_tail,
+)
 
 PROPS = settings(max_examples=300, deadline=None)
 
@@ -156,6 +166,29 @@ def test_steps_and_tail_follow_align_mode():
     assert remote_tail(9181, 544) == 9181 - 8704
     assert remote_tail(8704, 544) == 544  # P stops below the prompt's end: one block short when aligned
     assert remote_tail(9181, 0) == 1
+    assert remote_tail(9181, 544, LAST) == 1
+    assert remote_tail(500, 544) == 1  # no boundary below the end: N-1, as the connector does
+    assert local_steps(9181, 8704, 544, 256) == 2  # a tail longer than a chunk takes two
+
+
+def test_the_tail_after_the_boundary_is_a_step_on_the_decoder():
+    """2026-11-26 H200 run: D's step with a tail of a few hundred tokens took 37 ms where a decode step took 6.6:
+    the option prices it as a prefill step, which each of D's streams waits for; N-1 leaves D one token."""
+    p = place(6615, WorkerView("d", 3808, load=7), [WorkerView("p", 4352)], PRIORS, aligned_block=544)
+    local, boundary, last = p.options
+    assert (boundary.stop, last.stop) == (BOUNDARY, LAST)
+    assert boundary.decoder_tokens == 87 and last.decoder_tokens == 1
+    assert boundary.stall_ms >= PRIORS.prefill_step_ms and last.stall_ms < 0.1
+    assert local.stall_ms > boundary.stall_ms  # two steps on D alone (to the boundary, then the rest)
+    assert p.prefiller == "p" and p.stop == LAST  # 7 streams: none of them waits for a prefill step
+
+
+def test_a_prefillers_queue_is_steps_of_batched_chunks():
+    """An engine step batches several queued prompts' chunks: 8 queued prompts of 2,000 tokens are 2 steps of
+    8,192, not 8; a worker running requests whose tokens this proxy does not know costs one step."""
+    assert queue_ms(PRIORS, 16000, 8) == 2 * PRIORS.prefill_step_ms + 16000 * PRIORS.prefill_ms_per_token
+    assert queue_ms(PRIORS, 0, 3) == PRIORS.prefill_step_ms
+    assert queue_ms(PRIORS, 0, 0) == 0
 
 
 def test_priors_read_as_the_gpu_runs_did():

@@ -4,9 +4,12 @@ deciders misroute hybrid turns (counted per policy), usage carries the billing s
 
 from __future__ import annotations
 
+import logging
+
 import aiohttp
 
 from hybrid_pd.proxy.kv.events import KVEventBatch
+from hybrid_pd.proxy.placement.cost_model import PRIORS
 from tests.proxy.fakes import metric_value, run
 from tests.proxy.test_kv_routing_flow import HASHES, PROMPT, kv_cluster, post, stored
 
@@ -99,10 +102,10 @@ def test_the_rates_learn_from_streamed_turns():
             rates = proxy.state.rates
             assert rates.observations["prefill"] == 3 and rates.observations["step"] == 3
             # the fake answers in well under a millisecond: the fits move towards it from the GPU priors
-            assert rates.rates.prefill_step_ms < 52.0 and rates.rates.step_ms < 7.1
+            assert rates.rates.prefill_step_ms < PRIORS.prefill_step_ms and rates.rates.step_ms < PRIORS.step_ms
             m = proxy.state.metrics.render().decode()
             assert metric_value(m, "hybrid_pd_proxy_placement_observations", fit="prefill") == 3
-            assert metric_value(m, "hybrid_pd_proxy_placement_rate", rate="hop_ms") == 24.4  # no PD turn yet
+            assert metric_value(m, "hybrid_pd_proxy_placement_rate", rate="hop_ms") == PRIORS.hop_ms  # no PD turn yet
     run(body())
 
 
@@ -117,3 +120,26 @@ def test_a_turn_right_after_another_does_not_see_it_running():
     assert w.streams == 1 and w.load == 2
     w.engine, w.sent_since_read, w.done_since_read = None, 0, 0
     assert w.streams == 0
+
+
+def test_a_busy_decoder_has_the_prefiller_compute_to_n_minus_1(caplog):
+    """With D's 7 streams waiting for any step it takes, the tail after P's boundary would cost them a prefill
+    step each: ours sends the turn to P and asks it (PREFILL_STOP in P's kv_transfer_params) to stop at N-1, so
+    that D's last token rides in a decode step. An idle D computes the same cold prompt alone."""
+    from hybrid_pd.connector.contract import PREFILL_STOP, STOP_LAST
+    from hybrid_pd.proxy.workers import EngineLoad
+
+    async def body(streams: int):
+        async with kv_cluster(log_placement=True) as (proxy, p, d1, d2, pubs):
+            for w in proxy.state.pool.all("decode"):
+                w.engine = EngineLoad(running=streams, waiting=0)
+            status, out = await post(proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+            assert status == 200 and out["choices"][0]["text"] == "Hello"
+            return [c.body["kv_transfer_params"] for c in p.generate_calls]
+
+    caplog.set_level(logging.INFO, logger="hybrid_pd.proxy")
+    assert run(body(0)) == []
+    (params,) = run(body(7))
+    assert params[PREFILL_STOP] == STOP_LAST and params["do_remote_decode"] is True
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("placement ")]
+    assert len(said) == 2 and "-> D (local_fastest)" in said[0] and "@last (remote_fastest)" in said[1]
