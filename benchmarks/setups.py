@@ -180,11 +180,13 @@ class Workers:
         log(f"{proc.name} healthy after {self.start_s[name]} s, ready {warm:.1f} s later; {said[-1] if said else ''}")
         return proc
 
-    def proxy(self, prefill: list[Launched], decode: Launched) -> Launched:
-        """Our proxy in front of the workers, routing on their KV events (kv_hit, then the least loaded)."""
+    def proxy(self, prefill: list[Launched], decode: Launched, extra: tuple[str, ...] = ()) -> Launched:
+        """Our proxy in front of the workers, routing on their KV events (kv_hit, then the least loaded), logging
+        each turn's placement; `extra`: more proxy flags (e.g. another --pd-policy)."""
         port = free_port()
         argv = [HYBRID_PD, "proxy", "--port", str(port), "--decode", decode.url,
-                "--decode-policy", "kv_hit=2,least_loaded", "--prefill-policy", "kv_hit=2,least_loaded"]
+                "--decode-policy", "kv_hit=2,least_loaded", "--prefill-policy", "kv_hit=2,least_loaded",
+                "--log-placement", "--warm-pairs", *extra]
         for p in prefill:
             argv += ["--prefill", p.url, "--prefill-events", events_url(p)]
         argv += ["--decode-events", events_url(decode)]
@@ -224,10 +226,11 @@ class Setup:
     read the decoder's transfer counters, `close`. Its metrics live at `metric_urls`."""
 
     def __init__(self, name: str, machine: Machine, logs: Path, connector: str = "hybrid",
-                 upstream_flow: str = "toy"):
+                 upstream_flow: str = "toy", proxy_args: tuple[str, ...] = ()):
         if name not in SETUPS:
             raise SystemExit(f"unknown set-up {name!r}: one of {', '.join(SETUPS)}")
         self.name, self.connector, self.upstream_flow = name, connector, upstream_flow
+        self.proxy_args = proxy_args  # more flags for our proxy
         self.workers = Workers(machine, logs, prefix=f"{name}-")
         self.prefillers: list[Launched] = []
         self.decoder: Launched | None = None
@@ -251,7 +254,7 @@ class Setup:
                 w.ready(p)
         self.flow = "toy" if self.name == "upstream" and self.upstream_flow == "toy" else "proxy"
         if self.flow == "proxy":
-            self.front = w.proxy(self.prefillers, self.decoder)
+            self.front = w.proxy(self.prefillers, self.decoder, self.proxy_args)
 
     @property
     def metric_urls(self) -> dict[str, str]:

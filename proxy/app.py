@@ -108,14 +108,17 @@ class ProxyApp:
     async def health(self, request: Request) -> None:
         state = self.state
         counts = {role: len(state.pool.admitted(role)) for role in ("prefill", "decode")}
-        tokenizer_loading = time.monotonic() < state.tokenizer_loading_until
-        ok = counts["decode"] > 0 and not self.draining and not tokenizer_loading
+        now = time.monotonic()
+        tokenizer_loading, warming = now < state.tokenizer_loading_until, now < state.pairs_warming_until
+        ok = counts["decode"] > 0 and not self.draining and not tokenizer_loading and not warming
         if self.draining:
             status = "draining"
         elif counts["decode"] == 0:
             status = "no healthy decode worker"
+        elif tokenizer_loading:
+            status = "loading the tokenizer"
         else:
-            status = "loading the tokenizer" if tokenizer_loading else "ok"
+            status = "warming the PD pairs" if warming else "ok"
         body = {
             "status": status,
             "admitted": counts,

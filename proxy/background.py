@@ -17,6 +17,7 @@ from .engine_load import read_once
 from .errors import UpstreamError
 from .health import check_once
 from .kv.subscriber import subscribe
+from .pair_warmup import PAIR_WARMUP_WAIT_S, warm_pairs
 from .state import ProxyState
 from .tokenizer import LocalTokenizer
 from .workers import Worker
@@ -35,6 +36,7 @@ async def every(interval_s: float, round_: Callable[[ProxyState], Awaitable[None
 
 
 MODEL_FOLDER_RETRY_S = 2.0
+PAIR_WARMUP_ROUND_S = 1.0  # how soon a pair admitted (or back) is warmed
 TOKENIZER_READY_WAIT_S = 120.0
 
 
@@ -112,6 +114,9 @@ class Background:
         if s.config.tokenize and s.config.kv.tokenizer != "remote":
             s.tokenizer_loading_until = time.monotonic() + TOKENIZER_READY_WAIT_S  # set before the first /health
             self.tasks.append(asyncio.create_task(load_tokenizer(s), name="tokenizer"))
+        if s.config.disagg.warm_pairs and s.config.disagg.enabled:
+            s.pairs_warming_until = time.monotonic() + PAIR_WARMUP_WAIT_S  # set before the first /health
+            self.tasks.append(asyncio.create_task(every(PAIR_WARMUP_ROUND_S, warm_pairs, s), name="pair-warmup"))
         if s.config.discovery == "k8s":
             from .discovery.k8s import discovery_loop
 

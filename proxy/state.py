@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .admission import Admission
 from .config import ProxyConfig
@@ -32,6 +32,10 @@ class ProxyState:
     tokenizer: LocalTokenizer | None = None  # the model's own tokenizer, once loaded (background.py)
     # While the tokenizer loads, until this time.monotonic() at most, /health answers 503 (background.py)
     tokenizer_loading_until: float = 0.0
+    # --warm-pairs (pair_warmup.py): the (P, D) pairs warmed since both were admitted, and until when at most
+    # /health answers 503 while the first ones warm
+    pairs_warmed: set[tuple[str, str | None, str, str | None]] = field(default_factory=set)
+    pairs_warming_until: float = 0.0
 
     @classmethod
     def build(cls, config: ProxyConfig) -> ProxyState:

@@ -40,6 +40,7 @@ import math
 import os
 import queue
 import re
+import shlex
 import statistics
 import sys
 import tarfile
@@ -115,6 +116,7 @@ def run_requests(setup: Setup, requests: list[Request], conc: int, max_tokens: i
                            itl_s=statistics.median(gaps) if gaps else None, sent_s=sent - T0,
                            gaps_ms=[round(g * 1e3, 3) for g in gaps],
                            completion_tokens=(seen["usage"] or {}).get("completion_tokens", 0), text=seen["text"],
+                           computed_on=((seen["usage"] or {}).get("hybrid_pd") or {}).get("computed_on"),
                            tokens=seen.get("tokens"), margins=seen.get("margins"))
                 if c0 is not None and c1:
                     row |= {k: c1[k] - c0[k] for k in c1}
@@ -231,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default="agentic,shared_system,insert_middle")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--upstream-flow", choices=["toy", "proxy"], default="toy")
+    ap.add_argument("--proxy-args", default="", help="more flags for our proxy, e.g. '--pd-policy always-remote'")
     ap.add_argument("--probe-length", type=int, default=8192)
     ap.add_argument("--warmup-lengths", default="",
                     help="untimed agentic conversations at these lengths after the probe, before the workloads")
@@ -253,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     def save():
         part.write_text(json.dumps(result, indent=1))
 
-    setup = Setup(args.setup, Gpus.from_args(args), logs, upstream_flow=args.upstream_flow)
+    setup = Setup(args.setup, Gpus.from_args(args), logs, upstream_flow=args.upstream_flow,
+                  proxy_args=tuple(shlex.split(args.proxy_args)))
     try:
         import importlib.metadata as md
 

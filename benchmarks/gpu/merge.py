@@ -44,6 +44,8 @@ def summarize(run: dict) -> dict:
             "hits": sum(r["hit_tokens"] for r in rows), "oracle": sum(r["oracle_hit"] for r in rows),
             "bytes": t.get("bytes", 0.0), "descriptors": t.get("descriptors", 0.0),
             "transfers": t.get("transfers", 0.0), "xfer_s": secs,
+            "d_alone": (sum(r.get("computed_on") == "decode" for r in rows)  # our proxy's usage.hybrid_pd says
+                        if any(r.get("computed_on") for r in rows) else None),
             "gb_s": t.get("bytes", 0.0) / secs / 1e9 if secs else None, "errors": len(run["errors"])}
 
 
@@ -233,15 +235,15 @@ def summary_md(res: dict, title: str) -> str:
     lines += [f"- `{k}`: {fmt(v, '.3g')}" for k, v in r.items()]
     lines += ["", "| workload | length | c | set-up | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p99 ms | out tok/s "
               "| hits / oracle "
-              "| bytes | descriptors | transfers | xfer ms | GB/s | equal to colocated | errors |",
-              "|---" * 17 + "|"]
+              "| bytes | descriptors | transfers | D alone | xfer ms | GB/s | equal to colocated | errors |",
+              "|---" * 18 + "|"]
     for t in res["tables"]:
         lines.append(f"| {t['workload']} | {t['length']} | {t['concurrency']} | {t['setup']} | "
                      f"{fmt(t['ttft_p50_ms'])} | "
                      f"{fmt(t['ttft_p90_ms'])} | {fmt(t['itl_p50_ms'], '.2f')} | {fmt(t.get('itl_p99_ms'), '.2f')} | "
                      f"{fmt(t['tok_s'], '.0f')} | "
                      f"{t['hits']} / {t['oracle']} | {t['bytes']:.0f} | {t['descriptors']:.0f} | "
-                     f"{t['transfers']:.0f} | "
+                     f"{t['transfers']:.0f} | {fmt(t.get('d_alone'), 'd')} | "
                      f"{fmt(t['xfer_s'] * 1e3 if t['xfer_s'] else None)} | {fmt(t['gb_s'], '.1f')} | {t['equal']} | "
                      f"{t['errors']} |")
     lines += ["", "### Phase breakdown (one request alone; ms; from every server's /metrics before and after it)", "",
