@@ -1,7 +1,7 @@
-"""deploy/gpu/wheelhouse_pins.py on a made-up resolution: what the GPU wheelhouse carries of the image's packages
-(a version the image has that a pin rejects, one it accepts, one unknown), what it leaves out with everything
-below it, and a requirement for Python 3.12 that a resolution by another Python missed. check_site.py walks the
-same requirements through installed metadata (a scratch site folder of .dist-info folders)."""
+"""wheelhouse_pins.py (beside build_wheelhouse.sh) on a made-up resolution: what the GPU wheelhouse carries of
+the image's packages (a version the image has that a pin rejects, one it accepts, one unknown), what it leaves
+out with everything below it, and a requirement for Python 3.12 that a resolution by another Python missed.
+check_site.py walks the same requirements through installed metadata (scratch folders of .dist-info folders)."""
 
 from __future__ import annotations
 
