@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU benchmark at real model shapes on ONE GPU, one set-up per device call (each well under 10 minutes).
 # The lent GPU machine has no package index and is given back 30 s after a call, so the wheelhouse
-# (build_wheelhouse.sh, ~400 MB) travels as tar chunks of 54 MiB (the working tree travels with each), one per call, kept on its disk until the
-# last arrives; every step below is idempotent, so calls can be chained back to back.
+# (build_wheelhouse.sh, ~400 MB; VLLM=0.33.0's, with its own torch 2.14: 2.0 GiB, 38 chunks) travels as tar
+# chunks of 54 MiB (the working tree travels with each), one per call, kept on its disk until the last arrives;
+# every step below is idempotent, so calls can be chained back to back.
 #
 #   (here)   bash deploy/gpu/bench_gpu.sh chunks WHEELHOUSE CHUNK_DIR    # tar stream split into CHUNK_DIR/cNN/
 #   (device) bash deploy/gpu/bench_gpu.sh stash CHUNK_DIR                # keep a chunk under /root/wh
