@@ -2,7 +2,7 @@
 # Build an offline wheelhouse for the GPU machines (Python 3.12, torch 2.11.0+cu130 preinstalled, no package
 # index): vLLM, nixl-cu13, hybrid-pd itself, and every requirement the image lacks or has at a version that won't
 # do. Files over 58 MiB are split into parts so each fits one device call.
-#   bash deploy/gpu/build_wheelhouse.sh OUT_DIR             (run where PyPI is reachable)
+#   bash deploy/gpu/build_wheelhouse.sh OUT_DIR             (where PyPI is reachable; PYTHON: a Python 3.12)
 #   VLLM=0.33.0 bash deploy/gpu/build_wheelhouse.sh OUT_DIR (default 0.26.0)
 # VLLM=0.26.0: the newest release that pins torch 2.11.0, so the image's torch serves it (~400 MB).
 # VLLM=0.33.0: pins torch 2.14.0, whose PyPI wheel is the cu13 build (cuda-toolkit 13.0.3), as is vLLM's own
