@@ -11,11 +11,12 @@ from hybrid_pd.proxy.placement.decider import describe
 def test_the_reader_follows_the_proxys_lines():
     busy = place(6615, WorkerView("d", 3808, load=7), [WorkerView("http://p:1", 4352)], PRIORS, aligned_block=544)
     idle = place(6615, WorkerView("d", 3808), [WorkerView("http://p:1", 4352)], PRIORS, aligned_block=544)
+    head = "2026-11-26 04:09:08,685 INFO hybrid_pd.proxy: placement"
     lines = [
-        f"2026-11-26 04:09:08,685 INFO hybrid_pd.proxy: placement pd-30ed-7: {describe(idle, 6615)}",
-        "2026-11-26 04:09:08,991 INFO hybrid_pd.proxy: placement pd-30ed-7: TTFT 90.0 ms (predicted 96.2), local_prefill",
-        f"2026-11-26 04:09:09,326 INFO hybrid_pd.proxy: placement pd-30ed-8: {describe(busy, 6615)}",
-        "2026-11-26 04:09:09,649 INFO hybrid_pd.proxy: placement pd-30ed-8: TTFT 300.0 ms (predicted 150.0), remote_prefill",
+        f"{head} pd-30ed-7: {describe(idle, 6615)}",
+        f"{head} pd-30ed-7: TTFT 90.0 ms (predicted 96.2), local_prefill",
+        f"{head} pd-30ed-8: {describe(busy, 6615)}",
+        f"{head} pd-30ed-8: TTFT 300.0 ms (predicted 150.0), remote_prefill",
     ]
     (d, p) = turns(lines)
     assert (d["id"], d["choice"], round(d["streams"]), d["options"][0]["d"]) == (7, "D", 0, 6615 - 3808)
