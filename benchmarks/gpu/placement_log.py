@@ -20,7 +20,9 @@ from pathlib import Path
 
 DECIDED = re.compile(r"placement pd-\w+-(\d+): (\d+) tokens -> (\S+) \((\w+)\); (.*)$")
 OPTION = re.compile(r"(\S+) ttft ([\d.]+) stall ([\d.]+) cost ([\d.]+) P (\d+) D (\d+)")
-MEASURED = re.compile(r"placement pd-\w+-(\d+): TTFT ([\d.]+) ms \(predicted ([\d.]+)\), (\w+)")
+MEASURED = re.compile(
+    r"placement pd-\w+-(\d+): TTFT ([\d.]+) ms \(predicted ([\d.]+)\), (\w+)(?:, P's call ([\d.]+) ms)?"
+)
 
 
 def proxy_lines(path: Path) -> list[str]:
@@ -39,27 +41,45 @@ def turns(lines: list[str]) -> list[dict]:
     for line in lines:
         if m := DECIDED.search(line):
             options = [
-                {"name": o[0], "ttft": float(o[1]), "stall": float(o[2]), "cost": float(o[3]), "p": int(o[4]),
-                 "d": int(o[5])}
+                {
+                    "name": o[0],
+                    "ttft": float(o[1]),
+                    "stall": float(o[2]),
+                    "cost": float(o[3]),
+                    "p": int(o[4]),
+                    "d": int(o[5]),
+                }
                 for o in OPTION.findall(m[5])
             ]
             local = options[0]
             streams = (local["cost"] - local["ttft"]) / local["stall"] if local["stall"] else 0.0
             choice = m[3].rsplit("@", 1)[-1] if "@" in m[3] else "D"
-            by[int(m[1])] = {"id": int(m[1]), "tokens": int(m[2]), "choice": choice, "reason": m[4],
-                             "streams": streams, "options": options}
+            by[int(m[1])] = {
+                "id": int(m[1]),
+                "tokens": int(m[2]),
+                "choice": choice,
+                "reason": m[4],
+                "streams": streams,
+                "options": options,
+            }
         elif (m := MEASURED.search(line)) and int(m[1]) in by:
             by[int(m[1])] |= {"ttft": float(m[2]), "predicted": float(m[3]), "mode": m[4]}
+            if m[5]:
+                by[int(m[1])]["p_ms"] = float(m[5])
     return [by[k] for k in sorted(by)]
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| request | prompt | D's streams | choice | D alone computes | predicted TTFT | measured TTFT |",
-           "|---|---|---|---|---|---|---|"]
+    out = [
+        "| request | prompt | D's streams | choice | D alone computes | predicted TTFT | measured TTFT | P's call |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         measured = f"{r['ttft']:.1f}" if "ttft" in r else "-"
-        out.append(f"| {r['id']} | {r['tokens']} | {r['streams']:.0f} | {r['choice']} | {r['options'][0]['d']} | "
-                   f"{r.get('predicted', float('nan')):.1f} | {measured} |")
+        out.append(
+            f"| {r['id']} | {r['tokens']} | {r['streams']:.0f} | {r['choice']} | {r['options'][0]['d']} | "
+            f"{r.get('predicted', float('nan')):.1f} | {measured} | {r.get('p_ms', '-')} |"
+        )
     return "\n".join(out)
 
 

@@ -59,6 +59,18 @@ def vllm_has_retention_interval(source: str | None = None) -> bool:
     return "prefix_cache_retention_interval" in source
 
 
+MAMBA_CACHE_MODE_DEPRECATED = "--mamba-cache-mode is deprecated"
+
+
+def vllm_ignores_mamba_cache_mode(source: str | None = None) -> bool:
+    """True when the installed vLLM deprecates --mamba-cache-mode (0.33: "It has no effect: Mamba prefix caching
+    follows --enable-prefix-caching", in align mode for the hybrids; the GPU run of 2026-11-26 logged it so). The
+    launcher then leaves the flag out: there it only warns, and the release that drops it would refuse it."""
+    if source is None:
+        source = vllm_source("engine/arg_utils.py")
+    return MAMBA_CACHE_MODE_DEPRECATED in source
+
+
 def model_kind(model: str) -> Literal["hybrid", "attention", "unknown"]:
     """Read a local model's config.json: 'hybrid' if it mixes Mamba/linear-attention and attention layers."""
     path = Path(model) / "config.json"

@@ -22,6 +22,7 @@ from hybrid_pd.prefill.launch.probes import (
     model_kind,
     port_is_free,
     vllm_has_retention_interval,
+    vllm_ignores_mamba_cache_mode,
     vllm_none_hash_is_random,
 )
 
@@ -279,7 +280,9 @@ class WorkerConfig:
             "--enable-prompt-tokens-details",
         ]  # usage.prompt_tokens_details.cached_tokens
         if self.prefix_caching:
-            args += ["--enable-prefix-caching", "--mamba-cache-mode", self.mamba_cache_mode]
+            args += ["--enable-prefix-caching"]
+            if not vllm_ignores_mamba_cache_mode():  # 0.33 computes align mode itself and deprecates the flag
+                args += ["--mamba-cache-mode", self.mamba_cache_mode]
             if self.checkpoint_every and vllm_has_retention_interval():
                 args += ["--prefix-cache-retention-interval", str(self.checkpoint_every)]
         else:

