@@ -45,7 +45,8 @@ def vllm_imports() -> list[tuple[str, str, str, bool]]:
     return out
 
 
-NEEDED = [BASE, SCHEDULER, REQUEST, OUTPUTS, POOL, UTILS, MANAGER, *WORKERS] + [
+ARG_UTILS = "vllm/engine/arg_utils.py"  # what the launchers' probes read (prefill/launch/probes.py)
+NEEDED = [BASE, SCHEDULER, REQUEST, OUTPUTS, POOL, UTILS, MANAGER, ARG_UTILS, *WORKERS] + [
     m.replace(".", "/") + end for m, *_ in vllm_imports() for end in (".py", "/__init__.py")]
 _sources: dict[str, VllmSource | Exception] = {}
 
@@ -271,3 +272,13 @@ def test_stats_and_prometheus_classes_take_what_we_pass(release):
     if not accepts(top_level(utils).get("create_metric_per_engine"), 2):
         problems.append(f"{utils_path} create_metric_per_engine(metric, per_engine_labelvalues)")
     assert not problems, f"vLLM {release}: {path}: " + "; ".join(problems)
+
+
+def test_the_launchers_probe_finds_where_mamba_cache_mode_is_deprecated(release):
+    """0.33 deprecates --mamba-cache-mode (align mode follows --enable-prefix-caching): the launchers leave it out
+    there and pass it to 0.26 and 0.32, which need it."""
+    from hybrid_pd.prefill.launch.probes import vllm_ignores_mamba_cache_mode
+
+    text = (source(release).root / ARG_UTILS).read_text()
+    assert "--mamba-cache-mode" in text
+    assert vllm_ignores_mamba_cache_mode(text) == (not older_than(release, (0, 33)))
