@@ -4,12 +4,8 @@
 # Each line appends to /root/res/done.txt ("q-all" after the Qwen3-Next shape, "all" at the end).
 # N1=0 skips the N-1 variant. GRAPHS=full runs vLLM's default CUDA graphs (piecewise + compile; the first engine compiles for minutes).
 set -u
-R=/root/res; mkdir -p "$R/q" "$R/n"
-export UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on
-B="--workloads agentic --lengths 8192 --concurrency 1,8 --deadline-s 1200 --graphs ${GRAPHS:-decode}"
-run() { local kind=$1 setup=$2 dir=$3; shift 3
-  bash deploy/gpu/bench_gpu.sh run "$setup" "$kind" "$R/$dir" $B "$@" > "$R/$dir/$setup$*.log" 2>&1
-  echo "$dir $setup $* rc=$?" >> "$R/done.txt"; }
+. deploy/gpu/plans/common.sh
+mkdir -p "$R/q" "$R/n"
 for s in colocated upstream hybrid-pd-1p1d; do run qwen3next $s q; done
 [ "${N1:-1}" = 1 ] && HYBRID_PD_PREFILL_TO_BOUNDARY=0 run qwen3next hybrid-pd-1p1d q --tag=-n1
 echo q-all >> "$R/done.txt"

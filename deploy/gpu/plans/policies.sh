@@ -3,11 +3,8 @@
 # (POLICY, default always-remote: upstream's toy flow, every turn through P), agentic 8k at c=1 and 8, beside a
 # plan's own rows on the same machine. GRAPHS as in the other plans (decode by default).
 set -u
-R=/root/res; mkdir -p "$R/p"
-export UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on
-B="--workloads agentic --lengths 8192 --concurrency 1,8 --deadline-s 900 --graphs ${GRAPHS:-decode}"
+DEADLINE_S=900
+. deploy/gpu/plans/common.sh
 P=${POLICY:-always-remote}
-bash deploy/gpu/bench_gpu.sh run hybrid-pd-1p1d qwen3next "$R/p" $B --tag="-$P" --proxy-args="--pd-policy $P" \
-  > "$R/p/hybrid-pd-1p1d-$P.log" 2>&1
-echo "p hybrid-pd-1p1d $P rc=$?" >> "$R/done.txt"
+run qwen3next hybrid-pd-1p1d p --tag="-$P" --proxy-args="--pd-policy $P"
 echo p-all >> "$R/done.txt"

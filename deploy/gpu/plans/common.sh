@@ -1,0 +1,11 @@
+# Sourced by the plans (not a plan itself): results under $R, UCX's cuda_ipc READs without NVLink, and
+# `run KIND SETUP DIR [bench.py flags]`, one set-up of benchmarks/gpu/bench.py on the agentic 8k workload at
+# c=1 and 8 (GRAPHS: decode by default, full for vLLM's defaults), a line in $R/done.txt when it ends.
+R=/root/res
+export UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on
+B="--workloads agentic --lengths 8192 --concurrency 1,8 --deadline-s ${DEADLINE_S:-1200} --graphs ${GRAPHS:-decode}"
+run() { local kind=$1 setup=$2 dir=$3; shift 3
+  mkdir -p "$R/$dir"
+  local log; log="$R/$dir/$setup$(printf %s "$*" | tr -c 'A-Za-z0-9=._-' _).log"
+  bash deploy/gpu/bench_gpu.sh run "$setup" "$kind" "$R/$dir" $B "$@" > "$log" 2>&1
+  echo "$dir $setup $* rc=$?" >> "$R/done.txt"; }
