@@ -2,8 +2,11 @@
 
 Both fix `cached_tokens` (usage.py) and drop the decoder's `kv_transfer_params` (internal to PD). A stream is
 copied as it arrives, whatever came in one read as one chunk (not line by line); only an SSE line that carries
-usage details or kv_transfer_params is decoded and re-encoded. A client that lags holds the copy (the server's
-send waits), and D's connection stops being read once its unread bytes pass a limit (http/response.py).
+usage details or kv_transfer_params is decoded and re-encoded. After its first part, a stream is copied from D's
+connection callback to the client's connection (http/response.py's pipe, http/request.py's write_now), without
+waking the request's task per read: at a decoder's pace every event is a read of its own. A client that lags
+holds the copy: the callback leaves the piece to the task, whose write waits for the client, and D's connection
+stops being read once its unread bytes pass a limit (http/response.py).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ async def relay_sse(
             f"decode worker {worker} sent no first byte within {first_byte_timeout:g} s", worker=worker, stage="decode"
         ) from None
     result = SSEResult(resp.status)
-    lines = _Lines(fix, result)
+    lines = _Lines(request, fix, result)
     try:
         request.begin_stream(resp.status, "text/event-stream", SSE_HEADERS)  # the head leaves with the first data
         if data:
@@ -82,7 +85,10 @@ async def relay_sse(
             # The last lines (and the tail of a line, when the stream ended inside one) leave with the end of
             # the answer: one write instead of two.
             while not resp.complete:
-                await request.write(lines.complete(data))
+                await request.write(lines.complete(data))  # the first part, or one the client could not take
+                await resp.pipe(lines.write_now)  # until the end, or a piece the client cannot take at once
+                if lines.error is not None:
+                    raise lines.error
                 data = await resp.readany()
             last = lines.complete(data) + lines.rest()
             await request.end_stream(last)
@@ -116,9 +122,24 @@ class _Lines:
     """Cuts what arrives into complete lines (rewritten where needed); keeps the tail of a line for later, so
     that a line to rewrite is always seen whole."""
 
-    def __init__(self, fix: FixUsage, result: SSEResult):
-        self.fix, self.result = fix, result
+    def __init__(self, request: Request, fix: FixUsage, result: SSEResult):
+        self.request, self.fix, self.result = request, fix, result
         self.partial = b""
+        self.error: Exception | None = None  # what write_now met, raised in the relaying task
+
+    def write_now(self, data: bytes) -> bool:
+        """Response.pipe's sink, in D's connection callback: the complete lines of `data` to the client at once;
+        False (`data` left unread) where the client cannot take them now."""
+        request = self.request
+        if not request.can_write_now():
+            return False
+        try:
+            out = self.complete(data)
+        except Exception as e:  # (a callback's exception would be the event loop's): the task raises it
+            self.error = e
+            return False
+        request.write_now(out)
+        return True
 
     def complete(self, data: bytes) -> bytes:
         if self.partial:

@@ -119,6 +119,8 @@ class _Connection(asyncio.Protocol):
         self._got_bytes = True
         try:
             self.parser.feed_data(data)
+            if self._resp is not None:  # the answer goes on: a piping reader takes this read's bytes now
+                self._resp._to_sink()
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
             cause = e.__context__ if isinstance(e.__context__, BrokenAnswer) else None
             err = cause or BrokenAnswer(f"malformed HTTP answer from the worker: {e}")

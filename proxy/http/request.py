@@ -3,6 +3,7 @@
     await request.respond(status, body[, content_type, headers])     # a whole answer
     request.begin_stream(status, content_type[, headers])            # a streamed one: its head waits for data
     await request.write(data)                                        # a part (waits while the client lags)
+    if request.can_write_now(): request.write_now(data)              # a part at once, without awaiting
     await request.end_stream(last)                                   # its last part and its end
 
 A client that leaves cancels the handler (server.py) after setting `client_gone`, so a handler can tell that
@@ -12,13 +13,21 @@ from the proxy stopping. An HTTP/1.0 client cannot read chunks: its streamed ans
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from ..errors import openai_error
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Connection(Protocol):
+    """What write_now needs of the client's connection (server.py's)."""
+
+    def can_write_now(self) -> bool: ...
+
+    def write_now(self, data: bytes) -> None: ...
 
 
 class Request:
@@ -37,6 +46,7 @@ class Request:
         "done",
         "client_gone",
         "_send",
+        "_conn",
         "_head",
         "_held",
     )
@@ -51,9 +61,10 @@ class Request:
         headers: dict[str, str],
         body: bytes,
         close: bool = False,
+        conn: Connection | None = None,
     ):
         self.method, self.path, self.query, self.version = method, path, query, version
-        self.headers, self.body, self._send = headers, body, send
+        self.headers, self.body, self._send, self._conn = headers, body, send, conn
         self.close = close  # answer with Connection: close (the server drains)
         self.started = False  # the answer has begun (its head may still wait for data)
         self.done = False  # the whole answer is handed to the server
@@ -88,6 +99,22 @@ class Request:
             await self._send(head)
         if data:
             await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    def can_write_now(self) -> bool:
+        """write_now may be called: the streamed answer's first part was written, and the client keeps up (its
+        buffer is below the high-water mark) and is still there. A relay that cannot wait (it runs in another
+        connection's callback) asks this first; where it is False, write() takes the part and waits."""
+        if self._held is not None:
+            return True
+        conn = self._conn
+        return self.started and self._head is None and not self.done and conn is not None and conn.can_write_now()
+
+    def write_now(self, data: bytes) -> None:
+        """Part of a streamed answer, written at once (only where can_write_now())."""
+        if self._held is not None:
+            self._held.append(data)
+        elif data:
+            self._conn.write_now(data)  # type: ignore[union-attr]  # (can_write_now: there is one)
 
     async def end_stream(self, last: bytes = b"") -> None:
         """The last part of a streamed answer and its end."""
