@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from .errors import HTTPClientError, ProxyError, ShuttingDown, UpstreamTimeout, UpstreamUnavailable
-from .http.request import Request
+from .http.request import Connection, Request
 from .http.response import Response
 
 _decoder = msgspec.json.Decoder()
@@ -76,7 +76,7 @@ async def relay_sse(
             f"decode worker {worker} sent no first byte within {first_byte_timeout:g} s", worker=worker, stage="decode"
         ) from None
     result = SSEResult(resp.status)
-    lines = _Lines(request, fix, result)
+    lines = _Lines(fix, result)
     try:
         request.begin_stream(resp.status, "text/event-stream", SSE_HEADERS)  # the head leaves with the first data
         if data:
@@ -86,9 +86,11 @@ async def relay_sse(
             # the answer: one write instead of two.
             while not resp.complete:
                 await request.write(lines.complete(data))  # the first part, or one the client could not take
-                await resp.pipe(lines.write_now)  # until the end, or a piece the client cannot take at once
-                if lines.error is not None:
-                    raise lines.error
+                lines.conn = request.writer()
+                if lines.conn is not None:  # until the end, or a piece the client cannot take at once
+                    await resp.pipe(lines.write_now)
+                    if lines.error is not None:
+                        raise lines.error
                 data = await resp.readany()
             last = lines.complete(data) + lines.rest()
             await request.end_stream(last)
@@ -122,23 +124,25 @@ class _Lines:
     """Cuts what arrives into complete lines (rewritten where needed); keeps the tail of a line for later, so
     that a line to rewrite is always seen whole."""
 
-    def __init__(self, request: Request, fix: FixUsage, result: SSEResult):
-        self.request, self.fix, self.result = request, fix, result
+    def __init__(self, fix: FixUsage, result: SSEResult):
+        self.fix, self.result = fix, result
         self.partial = b""
+        self.conn: Connection | None = None  # the client's, while write_now may write to it (Request.writer)
         self.error: Exception | None = None  # what write_now met, raised in the relaying task
 
     def write_now(self, data: bytes) -> bool:
         """Response.pipe's sink, in D's connection callback: the complete lines of `data` to the client at once;
         False (`data` left unread) where the client cannot take them now."""
-        request = self.request
-        if not request.can_write_now():
+        conn = self.conn
+        if conn is None or not conn.can_write_now():
             return False
         try:
             out = self.complete(data)
         except Exception as e:  # (a callback's exception would be the event loop's): the task raises it
             self.error = e
             return False
-        request.write_now(out)
+        if out:
+            conn.write_now(out)
         return True
 
     def complete(self, data: bytes) -> bytes:

@@ -3,7 +3,8 @@
     await request.respond(status, body[, content_type, headers])     # a whole answer
     request.begin_stream(status, content_type[, headers])            # a streamed one: its head waits for data
     await request.write(data)                                        # a part (waits while the client lags)
-    if request.can_write_now(): request.write_now(data)              # a part at once, without awaiting
+    conn = request.writer()                                          # or a part at once, without awaiting:
+    if conn.can_write_now(): conn.write_now(data)                    #   (from a callback; None: write() only)
     await request.end_stream(last)                                   # its last part and its end
 
 A client that leaves cancels the handler (server.py) after setting `client_gone`, so a handler can tell that
@@ -23,7 +24,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class Connection(Protocol):
-    """What write_now needs of the client's connection (server.py's)."""
+    """The client's connection as Request.writer gives it (server.py's)."""
 
     def can_write_now(self) -> bool: ...
 
@@ -100,21 +101,14 @@ class Request:
         if data:
             await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
-    def can_write_now(self) -> bool:
-        """write_now may be called: the streamed answer's first part was written, and the client keeps up (its
-        buffer is below the high-water mark) and is still there. A relay that cannot wait (it runs in another
-        connection's callback) asks this first; where it is False, write() takes the part and waits."""
-        if self._held is not None:
-            return True
-        conn = self._conn
-        return self.started and self._head is None and not self.done and conn is not None and conn.can_write_now()
-
-    def write_now(self, data: bytes) -> None:
-        """Part of a streamed answer, written at once (only where can_write_now())."""
-        if self._held is not None:
-            self._held.append(data)
-        elif data:
-            self._conn.write_now(data)  # type: ignore[union-attr]  # (can_write_now: there is one)
+    def writer(self) -> Connection | None:
+        """The client's connection, for the middle parts of this streamed answer (its first part written) where
+        they are written from a callback that cannot await (a relay in the decoder connection's): ask its
+        can_write_now() before each write_now(data), and leave a part it refuses to write(), which waits for
+        the client. None where write() must take every part (an HTTP/1.0 answer, one not in its middle)."""
+        if not self.started or self._head is not None or self.done or self._held is not None:
+            return None
+        return self._conn
 
     async def end_stream(self, last: bytes = b"") -> None:
         """The last part of a streamed answer and its end."""

@@ -166,7 +166,11 @@ class Response:
             return
         data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
         if sink(data):
-            self._take()
+            self._chunks.clear()
+            self._unread = 0
+            if self._paused:
+                self._paused = False
+                self._conn.resume()
         else:
             self._sink = None
             self._wake()

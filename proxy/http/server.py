@@ -181,8 +181,9 @@ class _HeadWithBody:
         self._held_once = False
 
     def can_write_now(self) -> bool:
-        """write_now may write: the head is sent, the client keeps up (`send` would not wait) and is there."""
-        return not self.flow.write_paused and self._head is None and self._held_once and not self.transport.is_closing()
+        """write_now may write: the head left (it waits here for the first body bytes, which may come after
+        Request.writer gave this out), the client keeps up (`send` would not wait) and is still there."""
+        return self._head is None and not self.flow.write_paused and not self.transport.is_closing()
 
     def write_now(self, data: bytes) -> None:
         """One middle chunk of a chunked answer (only where can_write_now())."""
