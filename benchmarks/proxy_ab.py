@@ -1,0 +1,106 @@
+"""CPU per request of our proxy against a peer, in interleaved phases: an A/B of a proxy change on a busy machine.
+
+    python -m benchmarks.proxy_ab --baseline REV [--router] [--no-stream] [--token-interval-ms 1]
+                                  [--concurrency 1] [--phase-s 1] [--phases 10] [--rounds 3]
+
+proxy_bench.py measures each peer for seconds at a time, one after the other: on a machine shared with other
+work, the load around one peer's turn is not the load around the next one's, and a few percent of difference
+drowns in that. Here the peers (ours, ours as of --baseline REV, vllm-router with --router) take turns in
+phases of --phase-s seconds (closed-loop clients, --concurrency of them, as in proxy_bench), --phases turns
+each per round, so that both see the same machine within a second; each round reports CPU ms per request
+(user + system of the proxy's process tree, over all of its phases) and the ratio of each peer to ours of the
+round. The set-up is proxy_bench's (fake workers on core 1, every proxy on core 0, same flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import uvloop
+
+from benchmarks import proxy_bench as pb
+
+
+async def phase(s: aiohttp.ClientSession, url: str, concurrency: int, seconds: float, tokens: int) -> int:
+    """Requests completed by `concurrency` closed-loop clients in about `seconds` (the last ones finish)."""
+    done = 0
+    until = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal done
+        while time.perf_counter() < until:
+            await pb.one_request(s, url, tokens)
+            done += 1
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return done
+
+
+async def one_round(peers: list[pb.Peer], args: argparse.Namespace) -> dict[str, tuple[float, int]]:
+    """(CPU seconds, requests) per peer over this round's phases."""
+    totals = {p.name: [0.0, 0] for p in peers}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        for p in peers:  # warm-up: connections, code paths
+            await phase(s, p.url, args.concurrency, 0.3, args.tokens)
+        for _ in range(args.phases):
+            for p in peers:
+                cpu0 = p.cpu_s()
+                n = await phase(s, p.url, args.concurrency, args.phase_s, args.tokens)
+                totals[p.name][0] += p.cpu_s() - cpu0
+                totals[p.name][1] += n
+    return {name: (cpu, n) for name, (cpu, n) in totals.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline", default="", metavar="REV", help="our proxy as of this git revision")
+    ap.add_argument("--router", action="store_true", help="vllm-router as a peer too")
+    ap.add_argument("--no-stream", action="store_true")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--token-interval-ms", type=float, default=0.0)
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--phase-s", type=float, default=1.0)
+    ap.add_argument("--phases", type=int, default=10, help="turns of each peer per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--router-venv", type=Path, default=pb.DEFAULT_ROUTER_VENV)
+    args = ap.parse_args(argv)
+    if not args.baseline and not args.router:
+        raise SystemExit("name a peer: --baseline REV and/or --router")
+    args.no_router = not args.router
+    pb.BODY["max_tokens"] = args.tokens
+    pb.BODY["stream"] = not args.no_stream
+    os.sched_setaffinity(0, {pb.HARNESS_CORE})
+    procs: list = []
+    rounds: list[dict[str, tuple[float, int]]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            peers = [p for p in pb.start_all(args, tmp, procs) if p.proc is not None and not p.name.startswith("toy")]
+            for i in range(args.rounds):
+                rounds.append(uvloop.run(one_round(peers, args)))
+                print(f"round {i + 1}: " + "; ".join(f"{name} {1e3 * cpu / max(n, 1):.4f} ms x {n}"
+                                                   for name, (cpu, n) in rounds[-1].items()), flush=True)
+        finally:
+            pb.stop_all(procs)
+    ours = peers[0].name
+    cell = (f"{'not streamed' if args.no_stream else 'streamed'}, {args.token_interval_ms:g} ms between events, "
+            f"c={args.concurrency}, {args.phases} phases of {args.phase_s:g} s per peer per round")
+    print(f"\n{cell}\n\n| peer | CPU ms/req (median of rounds) | per round | {ours} / peer per round | median |")
+    print("|---|---|---|---|---|")
+    for p in peers:
+        per = [1e3 * r[p.name][0] / max(r[p.name][1], 1) for r in rounds]
+        ratios = [(r[ours][0] / r[ours][1]) / (r[p.name][0] / r[p.name][1]) for r in rounds]
+        print(f"| {p.name} | {statistics.median(per):.4f} | {', '.join(f'{x:.4f}' for x in per)} | "
+              f"{', '.join(f'{x:.3f}' for x in ratios)} | {statistics.median(ratios):.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
