@@ -89,13 +89,19 @@ class _Protocol(HttpToolsProtocol):
 
     def on_url(self, url: bytes) -> None:
         self._count_head(len(url))
-        super().on_url(url)
+        self.url += url  # (uvicorn's on_url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value))
+        # (runs per header field: _count_head and uvicorn's on_header written out)
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > self.limits.max_head_bytes:
+            self._reject(431, f"the request head is over {self.limits.max_head_bytes} bytes")
         if len(self.headers) >= self.limits.max_headers:
             self._reject(431, f"more than {self.limits.max_headers} header fields")
-        super().on_header(name, value)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._stop_head_timer()
@@ -300,11 +306,14 @@ class HTTPServer:
             chunks.append(message.get("body", b""))
             if not message.get("more_body"):
                 break
-        headers: dict[str, str] = {}
-        for raw_name, raw_value in scope["headers"]:
-            name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
-            old = headers.get(name)
-            headers[name] = value if old is None else f"{old}, {value}"
+        fields = scope["headers"]
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields}
+        if len(headers) < len(fields):  # a repeated field: its values joined
+            headers = {}
+            for raw_name, raw_value in fields:
+                name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+                old = headers.get(name)
+                headers[name] = value if old is None else f"{old}, {value}"
         cycle = receive.__self__  # type: ignore[attr-defined]  # uvicorn's RequestResponseCycle
         if cycle.disconnected:
             return
