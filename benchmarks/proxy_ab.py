@@ -5,7 +5,8 @@
 
 proxy_bench.py measures each peer for seconds at a time, one after the other: on a machine shared with other
 work, the load around one peer's turn is not the load around the next one's, and a few percent of difference
-drowns in that. Here the peers (ours, ours as of --baseline REV, vllm-router with --router) take turns in
+drowns in that. Here the peers (ours, ours as of --baseline REV, vllm-router with --router, the floor of a
+Python proxy on uvicorn with --floor: benchmarks/proxy_floor.py) take turns in
 phases of --phase-s seconds (closed-loop clients, --concurrency of them, as in proxy_bench), --phases turns
 each per round, so that both see the same machine within a second; each round reports CPU ms per request
 (user + system of the proxy's process tree, over all of its phases) and the ratio of each peer to ours of the
@@ -18,12 +19,14 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
+import psutil
 import uvloop
 
 from benchmarks import proxy_bench as pb
@@ -59,6 +62,38 @@ async def one_round(peers: list[pb.Peer], args: argparse.Namespace) -> dict[str,
     return {name: (cpu, n) for name, (cpu, n) in totals.items()}
 
 
+def start_floor(ours: pb.Peer, procs: list) -> pb.Peer:
+    """benchmarks/proxy_floor.py on the proxies' core, in front of the workers ours was given."""
+    assert ours.proc is not None
+    argv = ours.proc.cmdline()
+    workers = {flag: argv[argv.index(flag) + 1] for flag in ("--prefill", "--decode")}
+    port = pb.free_port()
+    procs.append(
+        subprocess.Popen(
+            [
+                "taskset",
+                "-c",
+                str(pb.PROXY_CORE),
+                pb.PY,
+                "-m",
+                "benchmarks.proxy_floor",
+                "--port",
+                str(port),
+                "--prefill",
+                workers["--prefill"],
+                "--decode",
+                workers["--decode"],
+            ],
+            env={**os.environ, "PYTHONPATH": str(pb.ROOT)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    )
+    url = f"http://127.0.0.1:{port}"
+    pb.wait_healthy(url, procs[-1])
+    return pb.Peer("floor: uvicorn + our client", url, psutil.Process(procs[-1].pid))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", default="", metavar="REV", help="our proxy as of this git revision")
@@ -70,10 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase-s", type=float, default=1.0)
     ap.add_argument("--phases", type=int, default=10, help="turns of each peer per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="benchmarks/proxy_floor.py as a peer too: uvicorn + our client, none of the proxy's work",
+    )
     ap.add_argument("--router-venv", type=Path, default=pb.DEFAULT_ROUTER_VENV)
     args = ap.parse_args(argv)
-    if not args.baseline and not args.router:
-        raise SystemExit("name a peer: --baseline REV and/or --router")
+    if not args.baseline and not args.router and not args.floor:
+        raise SystemExit("name a peer: --baseline REV, --router, --floor")
     args.no_router = not args.router
     pb.BODY["max_tokens"] = args.tokens
     pb.BODY["stream"] = not args.no_stream
@@ -83,22 +123,33 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             peers = [p for p in pb.start_all(args, tmp, procs) if p.proc is not None and not p.name.startswith("toy")]
+            if args.floor:
+                peers.append(start_floor(peers[0], procs))
             for i in range(args.rounds):
                 rounds.append(uvloop.run(one_round(peers, args)))
-                print(f"round {i + 1}: " + "; ".join(f"{name} {1e3 * cpu / max(n, 1):.4f} ms x {n}"
-                                                   for name, (cpu, n) in rounds[-1].items()), flush=True)
+                print(
+                    f"round {i + 1}: "
+                    + "; ".join(
+                        f"{name} {1e3 * cpu / max(n, 1):.4f} ms x {n}" for name, (cpu, n) in rounds[-1].items()
+                    ),
+                    flush=True,
+                )
         finally:
             pb.stop_all(procs)
     ours = peers[0].name
-    cell = (f"{'not streamed' if args.no_stream else 'streamed'}, {args.token_interval_ms:g} ms between events, "
-            f"c={args.concurrency}, {args.phases} phases of {args.phase_s:g} s per peer per round")
+    cell = (
+        f"{'not streamed' if args.no_stream else 'streamed'}, {args.token_interval_ms:g} ms between events, "
+        f"c={args.concurrency}, {args.phases} phases of {args.phase_s:g} s per peer per round"
+    )
     print(f"\n{cell}\n\n| peer | CPU ms/req (median of rounds) | per round | {ours} / peer per round | median |")
     print("|---|---|---|---|---|")
     for p in peers:
         per = [1e3 * r[p.name][0] / max(r[p.name][1], 1) for r in rounds]
         ratios = [(r[ours][0] / r[ours][1]) / (r[p.name][0] / r[p.name][1]) for r in rounds]
-        print(f"| {p.name} | {statistics.median(per):.4f} | {', '.join(f'{x:.4f}' for x in per)} | "
-              f"{', '.join(f'{x:.3f}' for x in ratios)} | {statistics.median(ratios):.3f} |")
+        print(
+            f"| {p.name} | {statistics.median(per):.4f} | {', '.join(f'{x:.4f}' for x in per)} | "
+            f"{', '.join(f'{x:.3f}' for x in ratios)} | {statistics.median(ratios):.3f} |"
+        )
     return 0
 
 
