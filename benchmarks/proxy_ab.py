@@ -9,8 +9,8 @@ drowns in that. Here the peers (ours, ours as of --baseline REV, vllm-router wit
 Python proxy on uvicorn with --floor: benchmarks/proxy_floor.py) take turns in
 phases of --phase-s seconds (closed-loop clients, --concurrency of them, as in proxy_bench), --phases turns
 each per round, so that both see the same machine within a second; each round reports CPU ms per request
-(user + system of the proxy's process tree, over all of its phases) and the ratio of each peer to ours of the
-round. The set-up is proxy_bench's (fake workers on core 1, every proxy on core 0, same flags).
+(user + system of the proxy's process tree, over all of its phases), the ratio of ours to each peer in the
+round, and each peer's median end-to-end latency in the round. The set-up is proxy_bench's (fake workers on core 1, every proxy on core 0, same flags).
 """
 
 from __future__ import annotations
@@ -32,34 +32,43 @@ import uvloop
 from benchmarks import proxy_bench as pb
 
 
-async def phase(s: aiohttp.ClientSession, url: str, concurrency: int, seconds: float, tokens: int) -> int:
-    """Requests completed by `concurrency` closed-loop clients in about `seconds` (the last ones finish)."""
-    done = 0
+async def phase(s: aiohttp.ClientSession, url: str, concurrency: int, seconds: float, tokens: int) -> list[float]:
+    """End-to-end seconds of the requests `concurrency` closed-loop clients completed in about `seconds` (the
+    last ones finish)."""
+    took: list[float] = []
     until = time.perf_counter() + seconds
 
     async def client() -> None:
-        nonlocal done
         while time.perf_counter() < until:
-            await pb.one_request(s, url, tokens)
-            done += 1
+            took.append(await pb.one_request(s, url, tokens))
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
-    return done
+    return took
 
 
-async def one_round(peers: list[pb.Peer], args: argparse.Namespace) -> dict[str, tuple[float, int]]:
-    """(CPU seconds, requests) per peer over this round's phases."""
-    totals = {p.name: [0.0, 0] for p in peers}
+Round = dict[str, tuple[float, list[float]]]  # per peer: CPU seconds, end-to-end seconds of each request
+
+
+async def one_round(peers: list[pb.Peer], args: argparse.Namespace) -> Round:
+    cpu = {p.name: 0.0 for p in peers}
+    took: dict[str, list[float]] = {p.name: [] for p in peers}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         for p in peers:  # warm-up: connections, code paths
             await phase(s, p.url, args.concurrency, 0.3, args.tokens)
         for _ in range(args.phases):
             for p in peers:
                 cpu0 = p.cpu_s()
-                n = await phase(s, p.url, args.concurrency, args.phase_s, args.tokens)
-                totals[p.name][0] += p.cpu_s() - cpu0
-                totals[p.name][1] += n
-    return {name: (cpu, n) for name, (cpu, n) in totals.items()}
+                took[p.name] += await phase(s, p.url, args.concurrency, args.phase_s, args.tokens)
+                cpu[p.name] += p.cpu_s() - cpu0
+    return {name: (cpu[name], took[name]) for name in cpu}
+
+
+def cpu_ms(r: Round, name: str) -> float:
+    return 1e3 * r[name][0] / max(len(r[name][1]), 1)
+
+
+def p50_ms(r: Round, name: str) -> float:
+    return 1e3 * statistics.median(r[name][1])
 
 
 def start_floor(ours: pb.Peer, procs: list) -> pb.Peer:
@@ -119,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     pb.BODY["stream"] = not args.no_stream
     os.sched_setaffinity(0, {pb.HARNESS_CORE})
     procs: list = []
-    rounds: list[dict[str, tuple[float, int]]] = []
+    rounds: list[Round] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
             peers = [p for p in pb.start_all(args, tmp, procs) if p.proc is not None and not p.name.startswith("toy")]
@@ -127,29 +136,23 @@ def main(argv: list[str] | None = None) -> int:
                 peers.append(start_floor(peers[0], procs))
             for i in range(args.rounds):
                 rounds.append(uvloop.run(one_round(peers, args)))
-                print(
-                    f"round {i + 1}: "
-                    + "; ".join(
-                        f"{name} {1e3 * cpu / max(n, 1):.4f} ms x {n}" for name, (cpu, n) in rounds[-1].items()
-                    ),
-                    flush=True,
-                )
+                print(f"round {i + 1}: " + "; ".join(
+                    f"{p.name} {cpu_ms(rounds[-1], p.name):.4f} ms x {len(rounds[-1][p.name][1])}, "
+                    f"e2e p50 {p50_ms(rounds[-1], p.name):.3f} ms" for p in peers), flush=True)
         finally:
             pb.stop_all(procs)
     ours = peers[0].name
-    cell = (
-        f"{'not streamed' if args.no_stream else 'streamed'}, {args.token_interval_ms:g} ms between events, "
-        f"c={args.concurrency}, {args.phases} phases of {args.phase_s:g} s per peer per round"
-    )
-    print(f"\n{cell}\n\n| peer | CPU ms/req (median of rounds) | per round | {ours} / peer per round | median |")
-    print("|---|---|---|---|---|")
+    cell = (f"{'not streamed' if args.no_stream else 'streamed'}, {args.token_interval_ms:g} ms between events, "
+            f"c={args.concurrency}, {args.phases} phases of {args.phase_s:g} s per peer per round")
+    print(f"\n{cell}\n\n| peer | CPU ms/req (median of rounds) | per round | {ours} / peer per round | median | "
+          "e2e p50 ms per round |")
+    print("|---|---|---|---|---|---|")
     for p in peers:
-        per = [1e3 * r[p.name][0] / max(r[p.name][1], 1) for r in rounds]
-        ratios = [(r[ours][0] / r[ours][1]) / (r[p.name][0] / r[p.name][1]) for r in rounds]
-        print(
-            f"| {p.name} | {statistics.median(per):.4f} | {', '.join(f'{x:.4f}' for x in per)} | "
-            f"{', '.join(f'{x:.3f}' for x in ratios)} | {statistics.median(ratios):.3f} |"
-        )
+        per = [cpu_ms(r, p.name) for r in rounds]
+        ratios = [cpu_ms(r, ours) / cpu_ms(r, p.name) for r in rounds]
+        print(f"| {p.name} | {statistics.median(per):.4f} | {', '.join(f'{x:.4f}' for x in per)} | "
+              f"{', '.join(f'{x:.3f}' for x in ratios)} | {statistics.median(ratios):.3f} | "
+              f"{', '.join(f'{p50_ms(r, p.name):.2f}' for r in rounds)} |")
     return 0
 
 
