@@ -306,14 +306,11 @@ class HTTPServer:
             chunks.append(message.get("body", b""))
             if not message.get("more_body"):
                 break
-        fields = scope["headers"]
-        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields}
-        if len(headers) < len(fields):  # a repeated field: its values joined
-            headers = {}
-            for raw_name, raw_value in fields:
-                name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
-                old = headers.get(name)
-                headers[name] = value if old is None else f"{old}, {value}"
+        headers: dict[str, str] = {}
+        for raw_name, raw_value in scope["headers"]:
+            name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+            old = headers.get(name)
+            headers[name] = value if old is None else f"{old}, {value}"
         cycle = receive.__self__  # type: ignore[attr-defined]  # uvicorn's RequestResponseCycle
         if cycle.disconnected:
             return
