@@ -6,11 +6,11 @@
 proxy_bench.py measures each peer for seconds at a time, one after the other: on a machine shared with other
 work, the load around one peer's turn is not the load around the next one's, and a few percent of difference
 drowns in that. Here the peers (ours, ours as of --baseline REV, vllm-router with --router, the floor of a
-Python proxy on uvicorn with --floor: benchmarks/proxy_floor.py) take turns in
-phases of --phase-s seconds (closed-loop clients, --concurrency of them, as in proxy_bench), --phases turns
-each per round, so that both see the same machine within a second; each round reports CPU ms per request
-(user + system of the proxy's process tree, over all of its phases), the ratio of ours to each peer in the
-round, and each peer's median end-to-end latency in the round. The set-up is proxy_bench's (fake workers on core 1, every proxy on core 0, same flags).
+Python proxy on uvicorn with --floor: benchmarks/proxy_floor.py) take turns in phases of --phase-s seconds
+(closed-loop clients, --concurrency of them, as in proxy_bench), --phases turns each per round, so that all see
+the same machine within seconds. Each round reports CPU ms per request (user + system of the proxy's process
+tree, over all of its phases), the ratio of ours to each peer in the round, and each peer's median end-to-end
+latency in the round. The set-up is proxy_bench's (fake workers on core 1, every proxy on core 0, same flags).
 """
 
 from __future__ import annotations
