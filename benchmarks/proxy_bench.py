@@ -47,7 +47,7 @@ import uvloop
 from benchmarks.procs import free_port
 
 PY = sys.executable
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the repository (benchmarks/ is one of its folders)
 ROUTER_VERSION = "0.1.17"
 DEFAULT_ROUTER_VENV = Path("/root/.cache/hybrid-pd/bench-venv")
 PROXY_CORE, HARNESS_CORE = 0, 1

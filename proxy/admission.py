@@ -31,10 +31,16 @@ class Admission:
         context manager: this runs once per request)."""
         return _Slot(self)
 
-    async def _enter(self) -> None:
+    def try_enter(self) -> bool:
+        """Take a free slot at once (True; give it back with exit()), or False: wait() for one."""
         if self.active < self.cfg.max_in_flight:  # then nobody waits: a freed slot goes to a waiter first
             self.active += 1
-            return
+            return True
+        return False
+
+    async def wait(self) -> None:
+        """Wait for a slot (give it back with exit()); Overloaded where the queue is full or the wait too long.
+        (slot() in two steps, for the request path: a free slot is taken without a coroutine.)"""
         if self.waiting >= self.cfg.max_queue:
             raise Overloaded(
                 f"the proxy queue is full ({self.cfg.max_in_flight} in flight, {self.waiting} waiting); retry later"
@@ -50,7 +56,7 @@ class Admission:
             raise Overloaded(f"no slot freed within {self.cfg.queue_timeout_s:g} s; retry later") from None
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self._exit()  # the slot came with the cancellation: pass it on
+                self.exit()  # the slot came with the cancellation: pass it on
             raise
         finally:
             timer.cancel()
@@ -60,7 +66,12 @@ class Admission:
             elif fut in self._waiters:
                 self._waiters.remove(fut)
 
-    def _exit(self) -> None:
+    async def _enter(self) -> None:
+        if not self.try_enter():
+            await self.wait()
+
+    def exit(self) -> None:
+        """Give a slot back: to the oldest waiter, else free."""
         while self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():
@@ -79,4 +90,4 @@ class _Slot:
         await self.admission._enter()
 
     async def __aexit__(self, *exc: object) -> None:
-        self.admission._exit()
+        self.admission.exit()

@@ -87,9 +87,14 @@ class ProxyApp:
         async def generate(request: Request) -> None:
             check_content_type(request.headers.get("content-type"))
             req = parse_request(endpoint, request.body)
+            admission = state.admission
             try:
-                async with state.admission.slot():
+                if not admission.try_enter():  # (admission.slot() without its coroutines where a slot is free)
+                    await admission.wait()
+                try:
                     await flow.serve(request, req)
+                finally:
+                    admission.exit()
             except asyncio.CancelledError:
                 state.metrics.errors.labels("client_disconnect").inc()
                 raise

@@ -2,8 +2,11 @@
 
 Both fix `cached_tokens` (usage.py) and drop the decoder's `kv_transfer_params` (internal to PD). A stream is
 copied as it arrives, whatever came in one read as one chunk (not line by line); only an SSE line that carries
-usage details or kv_transfer_params is decoded and re-encoded. A client that lags holds the copy (the server's
-send waits), and D's connection stops being read once its unread bytes pass a limit (http/response.py).
+usage details or kv_transfer_params is decoded and re-encoded. After its first part, a stream is copied from D's
+connection callback to the client's connection (http/response.py's pipe, http/request.py's write_now), without
+waking the request's task per read: at a decoder's pace every event is a read of its own. A client that lags
+holds the copy: the callback leaves the piece to the task, whose write waits for the client, and D's connection
+stops being read once its unread bytes pass a limit (http/response.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import msgspec
 
 from .errors import HTTPClientError, ProxyError, ShuttingDown, UpstreamTimeout, UpstreamUnavailable
-from .http.request import Request
+from .http.request import Connection, Request
 from .http.response import Response
 
 _decoder = msgspec.json.Decoder()
@@ -82,7 +85,12 @@ async def relay_sse(
             # The last lines (and the tail of a line, when the stream ended inside one) leave with the end of
             # the answer: one write instead of two.
             while not resp.complete:
-                await request.write(lines.complete(data))
+                await request.write(lines.complete(data))  # the first part, or one the client could not take
+                lines.conn = request.writer()
+                if lines.conn is not None:  # until the end, or a piece the client cannot take at once
+                    await resp.pipe(lines.write_now)
+                    if lines.error is not None:
+                        raise lines.error
                 data = await resp.readany()
             last = lines.complete(data) + lines.rest()
             await request.end_stream(last)
@@ -119,6 +127,23 @@ class _Lines:
     def __init__(self, fix: FixUsage, result: SSEResult):
         self.fix, self.result = fix, result
         self.partial = b""
+        self.conn: Connection | None = None  # the client's, while write_now may write to it (Request.writer)
+        self.error: Exception | None = None  # what write_now met, raised in the relaying task
+
+    def write_now(self, data: bytes) -> bool:
+        """Response.pipe's sink, in D's connection callback: the complete lines of `data` to the client at once;
+        False (`data` left unread) where the client cannot take them now."""
+        conn = self.conn
+        if conn is None or not conn.can_write_now():
+            return False
+        try:
+            out = self.complete(data)
+        except Exception as e:  # (a callback's exception would be the event loop's): the task raises it
+            self.error = e
+            return False
+        if out:
+            conn.write_now(out)
+        return True
 
     def complete(self, data: bytes) -> bytes:
         if self.partial:

@@ -119,6 +119,8 @@ class _Connection(asyncio.Protocol):
         self._got_bytes = True
         try:
             self.parser.feed_data(data)
+            if self._resp is not None:  # the answer goes on: a piping reader takes this read's bytes now
+                self._resp._to_sink()
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
             cause = e.__context__ if isinstance(e.__context__, BrokenAnswer) else None
             err = cause or BrokenAnswer(f"malformed HTTP answer from the worker: {e}")
@@ -187,7 +189,7 @@ class HTTPPool:
         # a request seldom meets a connection the worker is closing.
         self.connect_timeout, self.keepalive_s = connect_timeout, keepalive_s
         self._idle: dict[tuple[str, str, int], deque[_Connection]] = {}
-        self._keys: dict[str, tuple[str, str, int, str]] = {}
+        self._keys: dict[str, tuple[tuple[str, str, int], str]] = {}
         self._ssl: ssl.SSLContext | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -208,7 +210,7 @@ class HTTPPool:
         if loop is None:  # a pool serves one loop (its connections are that loop's transports)
             loop = self.loop = asyncio.get_running_loop()  # once: on Python 3.11 each call is a getpid
         deadline = loop.time() + timeout
-        scheme, host, port, host_header = self._key(base)
+        key, host_header = self._key(base)
         head = [f"{method} {path} HTTP/1.1\r\nHost: ", host_header]
         for name, value in (headers or {}).items():
             head.append(f"\r\n{name}: {value}")
@@ -219,7 +221,7 @@ class HTTPPool:
             raise ValueError("a header contains a line break")
         data += b"\r\n\r\n" + body if body is not None else b"\r\n\r\n"
         for _ in (0, 1):
-            conn = await self._acquire(loop, (scheme, host, port), deadline)
+            conn = self._idle_one(key) or await self._connect(loop, key, deadline)
             fut = conn.send(data)
             timer = loop.call_at(deadline, expire, fut)
             try:
@@ -239,32 +241,38 @@ class HTTPPool:
 
     def idle_count(self, base: str) -> int:
         """Idle keep-alive connections to `base` (an answer left behind goes back here once read)."""
-        scheme, host, port, _ = self._key(base)
-        return sum(not c.closed for c in self._idle.get((scheme, host, port), ()))
+        return sum(not c.closed for c in self._idle.get(self._key(base)[0], ()))
 
     def close(self) -> None:
         for idle in self._idle.values():
             while idle:
                 idle.pop().abort()
 
-    def _key(self, base: str) -> tuple[str, str, int, str]:
+    def _key(self, base: str) -> tuple[tuple[str, str, int], str]:
+        """((scheme, host, port), the Host header) of a base URL."""
         key = self._keys.get(base)
         if key is None:
             u = urlsplit(base)
             port = u.port or (443 if u.scheme == "https" else 80)
-            key = self._keys[base] = (u.scheme, u.hostname or "", port, u.netloc)
+            key = self._keys[base] = ((u.scheme, u.hostname or "", port), u.netloc)
         return key
 
-    async def _acquire(
-        self, loop: asyncio.AbstractEventLoop, key: tuple[str, str, int], deadline: float
-    ) -> _Connection:
+    def _idle_one(self, key: tuple[str, str, int]) -> _Connection | None:
+        """A pooled connection still open and fresh (the usual case: no coroutine for it), else None."""
         idle = self._idle.get(key)
+        if not idle:
+            return None
         now = time.monotonic()
         while idle:
             conn = idle.pop()
             if not conn.closed and now - conn.idle_since < self.keepalive_s:
                 return conn
             conn.abort()
+        return None
+
+    async def _connect(
+        self, loop: asyncio.AbstractEventLoop, key: tuple[str, str, int], deadline: float
+    ) -> _Connection:
         scheme, host, port = key
         if scheme == "https" and self._ssl is None:
             self._ssl = ssl.create_default_context()

@@ -3,6 +3,8 @@
     await request.respond(status, body[, content_type, headers])     # a whole answer
     request.begin_stream(status, content_type[, headers])            # a streamed one: its head waits for data
     await request.write(data)                                        # a part (waits while the client lags)
+    conn = request.writer()                                          # or a part at once, without awaiting:
+    if conn.can_write_now(): conn.write_now(data)                    #   (from a callback; None: write() only)
     await request.end_stream(last)                                   # its last part and its end
 
 A client that leaves cancels the handler (server.py) after setting `client_gone`, so a handler can tell that
@@ -12,13 +14,21 @@ from the proxy stopping. An HTTP/1.0 client cannot read chunks: its streamed ans
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from ..errors import openai_error
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Connection(Protocol):
+    """The client's connection as Request.writer gives it (server.py's)."""
+
+    def can_write_now(self) -> bool: ...
+
+    def write_now(self, data: bytes) -> None: ...
 
 
 class Request:
@@ -37,6 +47,7 @@ class Request:
         "done",
         "client_gone",
         "_send",
+        "_conn",
         "_head",
         "_held",
     )
@@ -51,9 +62,10 @@ class Request:
         headers: dict[str, str],
         body: bytes,
         close: bool = False,
+        conn: Connection | None = None,
     ):
         self.method, self.path, self.query, self.version = method, path, query, version
-        self.headers, self.body, self._send = headers, body, send
+        self.headers, self.body, self._send, self._conn = headers, body, send, conn
         self.close = close  # answer with Connection: close (the server drains)
         self.started = False  # the answer has begun (its head may still wait for data)
         self.done = False  # the whole answer is handed to the server
@@ -88,6 +100,15 @@ class Request:
             await self._send(head)
         if data:
             await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    def writer(self) -> Connection | None:
+        """The client's connection, for the middle parts of this streamed answer (its first part written) where
+        they are written from a callback that cannot await (a relay in the decoder connection's): ask its
+        can_write_now() before each write_now(data), and leave a part it refuses to write(), which waits for
+        the client. None where write() must take every part (an HTTP/1.0 answer, one not in its middle)."""
+        if not self.started or self._head is not None or self.done or self._held is not None:
+            return None
+        return self._conn
 
     async def end_stream(self, last: bytes = b"") -> None:
         """The last part of a streamed answer and its end."""

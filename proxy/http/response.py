@@ -3,10 +3,16 @@ as it arrives, read in one of two ways:
 
     data = await resp.read(timeout)          # the whole body
     data = await resp.readany(timeout)       # whatever arrived (waits for some); b"" at the end
+    await resp.pipe(sink)                    # hands what arrives to sink(data) -> bool, until the end
 
 The connection (client._Connection, a Wire) feeds it with _feed / _finish, and stops reading while more than
 UNREAD_LIMIT bytes wait here (a client that lags holds the worker back, not the proxy's memory); close() drops an
 unfinished answer's connection, so that the worker sees its client leave.
+
+pipe() is for a stream relayed at a decoder's pace: each piece would otherwise wake the reading task (a future,
+a callback on the loop, a step through the task's awaits) for a few bytes. The sink runs in the connection's
+callback, once per read from the socket (whatever that read held, `_to_sink`), and says False where it cannot
+take a piece now: the piece stays here, and the piping task wakes to read it the usual way.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ class Response:
         "_waiter",
         "_unread",
         "_paused",
+        "_sink",
     )
 
     def __init__(self, conn: Wire, status: int, headers: dict[str, str]):
@@ -71,22 +78,38 @@ class Response:
         self._waiter: asyncio.Future | None = None
         self._unread = 0  # bytes in _chunks
         self._paused = False  # the connection stopped reading: _unread passed UNREAD_LIMIT
+        self._sink: Callable[[bytes], bool] | None = None  # pipe()'s: takes what arrives, in the connection's callback
 
     async def readany(self, timeout: float | None = None) -> bytes:
         """Whatever body bytes have arrived (waits for some); b"" at the end of the body."""
         if not self._chunks and not self._done and self._exc is None:
             await self._wait(timeout)
         if self._chunks:
-            data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
-            self._chunks.clear()
-            self._unread = 0
-            if self._paused and not self._done:
-                self._paused = False
-                self._conn.resume()
-            return data
+            return self._take()
         if self._exc is not None:
             raise self._exc
         return b""
+
+    async def pipe(self, sink: Callable[[bytes], bool]) -> None:
+        """Hand the body to `sink` as it arrives (in the connection's callback, one call per read), until the body
+        ends or breaks, or the sink refuses a piece (returns False: the piece stays unread here, for readany).
+        Returns at once where some of the body is unread already."""
+        if self._chunks or self._done or self._exc is not None:
+            return
+        self._sink = sink
+        try:
+            await self._wait(None)
+        finally:
+            self._sink = None
+
+    def _take(self) -> bytes:
+        data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._unread = 0
+        if self._paused and not self._done:
+            self._paused = False
+            self._conn.resume()
+        return data
 
     async def read(self, timeout: float | None = None) -> bytes:
         """The whole body; TimeoutError when it did not end within `timeout` seconds."""
@@ -132,7 +155,25 @@ class Response:
         if self._unread > UNREAD_LIMIT and not self._paused:
             self._paused = True
             self._conn.pause()
-        self._wake()
+        if self._sink is None:
+            self._wake()  # (a sink takes it at the end of the connection's read: _to_sink)
+
+    def _to_sink(self) -> None:
+        """The connection's read ended with the body unfinished: what it brought goes to pipe()'s sink, or, where
+        the sink refuses it, stays unread and wakes the piping task."""
+        sink = self._sink
+        if sink is None or not self._chunks:
+            return
+        data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        if sink(data):
+            self._chunks.clear()
+            self._unread = 0
+            if self._paused:
+                self._paused = False
+                self._conn.resume()
+        else:
+            self._sink = None
+            self._wake()
 
     def _finish(self, exc: BaseException | None = None) -> None:
         if exc is None:

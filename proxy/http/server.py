@@ -31,6 +31,7 @@ from email.utils import formatdate
 from typing import Any, cast
 
 import uvicorn
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .request import Request, error_body
@@ -88,13 +89,19 @@ class _Protocol(HttpToolsProtocol):
 
     def on_url(self, url: bytes) -> None:
         self._count_head(len(url))
-        super().on_url(url)
+        self.url += url  # (uvicorn's on_url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value))
+        # (runs per header field: _count_head and uvicorn's on_header written out)
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > self.limits.max_head_bytes:
+            self._reject(431, f"the request head is over {self.limits.max_head_bytes} bytes")
         if len(self.headers) >= self.limits.max_headers:
             self._reject(431, f"more than {self.limits.max_headers} header fields")
-        super().on_header(name, value)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._stop_head_timer()
@@ -114,7 +121,7 @@ class _Protocol(HttpToolsProtocol):
         if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
             self._reject(413, f"the request body is over {self.limits.max_body_bytes} bytes")
         super().on_headers_complete()
-        self.cycle.transport = _HeadWithBody(self.transport)  # type: ignore[assignment]  # (what the cycle uses of one)
+        self.cycle.transport = _HeadWithBody(self.transport, self.flow)  # type: ignore[assignment]  # (what the cycle uses of one)
         if self.parser.should_upgrade():  # served, then closed: llhttp reads nothing after an upgrade request
             self.cycle.keep_alive = False
 
@@ -164,15 +171,29 @@ class _Protocol(HttpToolsProtocol):
 class _HeadWithBody:
     """The transport as one request's cycle sees it: uvicorn writes an answer's head alone and then its body,
     two system calls per answer; the head is held here until the first body bytes (or the end of the answer, or
-    a close) and leaves with them in one write. A `100 Continue` goes out at once (the client waits for it)."""
+    a close) and leaves with them in one write. A `100 Continue` goes out at once (the client waits for it).
 
-    __slots__ = ("transport", "_head", "_held_once")
+    It also writes the middle parts of a chunked answer without the cycle (write_now): a relay at a decoder's
+    pace hands each event over from the decoder connection's callback, where awaiting the cycle's `send` is not
+    possible. The head and the last part still go through `send` (uvicorn's state of the answer: started,
+    chunked, complete); a middle part changes none of it, and is framed as `send` frames one."""
+
+    __slots__ = ("transport", "flow", "_head", "_held_once")
     CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
-    def __init__(self, transport: asyncio.Transport):
-        self.transport = transport
+    def __init__(self, transport: asyncio.Transport, flow: FlowControl):
+        self.transport, self.flow = transport, flow
         self._head: bytes | None = None
         self._held_once = False
+
+    def can_write_now(self) -> bool:
+        """write_now may write: the head left (it waits here for the first body bytes, which may come after
+        Request.writer gave this out), the client keeps up (`send` would not wait) and is still there."""
+        return self._head is None and not self.flow.write_paused and not self.transport.is_closing()
+
+    def write_now(self, data: bytes) -> None:
+        """One middle chunk of a chunked answer (only where can_write_now())."""
+        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
     def write(self, data: bytes) -> None:
         if not self._held_once and data != self.CONTINUE:
@@ -290,6 +311,9 @@ class HTTPServer:
             name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
             old = headers.get(name)
             headers[name] = value if old is None else f"{old}, {value}"
+        cycle = receive.__self__  # type: ignore[attr-defined]  # uvicorn's RequestResponseCycle
+        if cycle.disconnected:
+            return
         request = Request(
             send,
             scope["method"],
@@ -299,14 +323,12 @@ class HTTPServer:
             headers,
             chunks[0] if len(chunks) == 1 else b"".join(chunks),
             close=self.draining,
+            conn=cycle.transport,  # (a _HeadWithBody: write_now)
         )
         task = asyncio.current_task(self._loop)  # (without the loop: a getpid per call on Python 3.11)
         assert task is not None
         # A client that leaves cancels the handler (that is what aborts the decode leg): the protocol's
         # connection_lost calls the cycle's on_client_gone (no watcher task per request).
-        cycle = receive.__self__  # type: ignore[attr-defined]  # uvicorn's RequestResponseCycle
-        if cycle.disconnected:
-            return
         cycle.on_client_gone = functools.partial(_client_gone, request, task)
         try:
             await self.handler(request)

@@ -325,7 +325,7 @@ def test_an_answer_leaves_in_one_write_with_its_head(monkeypatch):
     writes: list[bytes] = []
     real = server_module._HeadWithBody.__init__
     monkeypatch.setattr(server_module._HeadWithBody, "__init__",
-                        lambda self, t: real(self, _CountingTransport(t, writes)))
+                        lambda self, t, flow: real(self, _CountingTransport(t, writes), flow))
 
     async def body():
         async with server() as (app, port):

@@ -125,3 +125,15 @@ def test_the_server_internals_the_proxy_drives_by_hand():
     gone = sorted({"connections", "tasks", "default_headers"} - self_attributes(state, ast.Store))
     assert not gone, f"{UVICORN}: ServerState has no {gone} (the drain and the Date header use them)"
     assert "shutdown" in methods(BASE), f"{UVICORN}: HttpToolsProtocol.shutdown is gone (the drain calls it)"
+
+
+def test_the_callbacks_the_subclass_writes_out_are_still_uvicorns():
+    # _Protocol.on_url and on_header do uvicorn's work themselves (they run per request and per header field):
+    # a uvicorn whose own versions do more would have that skipped.
+    body = {name: [ast.unparse(s) for s in methods(BASE)[name].body] for name in ("on_url", "on_header")}
+    assert body["on_url"] == ["self.url += url"], f"{UVICORN}: HttpToolsProtocol.on_url changed: {body['on_url']}"
+    assert body["on_header"] == [
+        "name = name.lower()",
+        "if name == b'expect' and value.lower() == b'100-continue':\n    self.expect_100_continue = True",
+        "self.headers.append((name, value))",
+    ], f"{UVICORN}: HttpToolsProtocol.on_header changed: {body['on_header']}"
