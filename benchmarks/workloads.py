@@ -31,6 +31,9 @@ class Request:
     session: str
     turn: int
     token_ids: tuple[int, ...]
+    at_s: float = 0.0  # a trace's send time (s from its start; benchmarks/trace_replay.py)
+    think_s: float = 0.0  # a trace's pause after the previous turn's answer, before this turn
+    max_tokens: int = 0  # a trace's output length (0: the run's)
 
 
 def words(rng: random.Random, n: int) -> str:
