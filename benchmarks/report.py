@@ -31,7 +31,8 @@ def write_report(results: dict, out: Path) -> None:
     lines = [f"# Benchmark: {', '.join(sums)}", "",
              f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
              f"Date: {results['date']}; aligned block {results['block']} tokens; {results['max_tokens']} output "
-             f"tokens per request, one request at a time; hybrid-pd set-ups use the `{results['connector']}` "
+             f"tokens per request, {results.get('mode', 'one request at a time')}; hybrid-pd set-ups use the "
+             f"`{results['connector']}` "
              "connector."
              + (f" Every worker ran with `{results['worker_args']}`." if results.get("worker_args") else ""),
              "",
@@ -60,6 +61,11 @@ def write_report(results: dict, out: Path) -> None:
         cells = [str(sum(r["hit_tokens"] for r in run["requests"] if r["workload"] == w)) for run in runs]
         oracle = sum(r["oracle_hit"] for r in runs[0]["requests"] if r["workload"] == w)
         lines.append(f"| {w} | " + " | ".join(cells) + f" | {oracle} |")
+    late = {n: [r["late_s"] for r in run["requests"] if "late_s" in r] for n, run in results["setups"].items()}
+    if any(late.values()):
+        lines += ["", "Open loop: how late each send went out after its due time (ms):", "",
+                  "| set-up | sends | late p50 | late max |", "|---|---|---|---|"]
+        lines += [f"| {n} | {len(v)} | {pct(v, 0.5) * 1e3:.1f} | {max(v) * 1e3:.1f} |" for n, v in late.items() if v]
     lines += ["", "Plots: ttft.png (TTFT per set-up), hits_per_request.png, bytes_per_request.png."]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     plot(results, out)

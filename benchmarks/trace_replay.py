@@ -41,13 +41,14 @@ from benchmarks.workloads import Request, Tokens
 AGENTIC_8K = AgenticParams(sessions=8, rate_per_s=1.0, turns=(5, 5), system_prompts=1, system_tokens=0,
                            first_user_tokens=(3759, 5540), step_tokens=(827, 2608), output_tokens=(64, 64),
                            think_ms=(0.0, 0.0), max_input=40000, block=512, seed=8)
-# The "64k in / 400 out / 90% reuse" agent with its lengths halved to fit a 40,960-token engine: 8 sessions of 6-10
-# turns behind 2 shared 20k system prompts, 2-4k first messages, 1-2.2k appended per turn (about 10% of a ~30k
-# prompt), 300-500 output tokens, 0.5-3 s tool time; a new session every 2 s. At block 512: 59 requests, 30k tokens
-in and 390 out on average, 89% of input blocks seen before.
-AGENTIC_64K_HALF = AgenticParams(sessions=8, rate_per_s=0.5, turns=(6, 10), system_prompts=2, system_tokens=20480,
-                                 first_user_tokens=(2000, 4000), step_tokens=(1000, 2200), output_tokens=(300, 500),
-                                 think_ms=(500.0, 3000.0), max_input=40000, block=512, seed=64)
+# The "64k in / 400 out / 90% reuse" agent with its lengths halved to fit a 40,960-token engine: 8 sessions of
+# 6-10 turns behind 2 shared 20k system prompts, 2-4k first messages, 1-2.2k appended per turn, 300-500 output
+# tokens, 0.5-3 s tool time; a new session every 2 s. At block 512: 59 requests, 30k tokens in and 390 out on
+# average, 89% of input blocks seen before.
+AGENTIC_64K_HALF = AgenticParams(sessions=8, rate_per_s=0.5, turns=(6, 10), system_prompts=2,
+                                 system_tokens=20480, first_user_tokens=(2000, 4000), step_tokens=(1000, 2200),
+                                 output_tokens=(300, 500), think_ms=(500.0, 3000.0), max_input=40000, block=512,
+                                 seed=64)
 # The CPU bed's 2,048-token engines: 3 sessions of 2-3 turns behind one 512-token system prompt, 16 output tokens.
 CPU_TINY = AgenticParams(sessions=3, rate_per_s=1.0, turns=(2, 3), system_prompts=1, system_tokens=512,
                          first_user_tokens=(100, 400), step_tokens=(100, 300), output_tokens=(16, 16),
@@ -55,9 +56,9 @@ CPU_TINY = AgenticParams(sessions=3, rate_per_s=1.0, turns=(2, 3), system_prompt
 SHAPES = {"agentic-8k": AGENTIC_8K, "agentic-64k-half": AGENTIC_64K_HALF, "cpu-tiny": CPU_TINY}
 SHAPES_HELP = ("FILE (Mooncake JSON lines, .gz too) or a generated shape: agentic-8k (the 8k agentic workload: "
                "8 sessions x 5 turns, 2-5u prompts with u=2374, 64 out), agentic-64k-half (64k in / 400 out / "
-               "90%% reuse with lengths halved: about 30k in, 390 out, 89%% reuse; 8 sessions x 6-10 turns, 20k shared system prompt, 1-2.2k new "
-               "per turn, 300-500 out, 0.5-3 s think), cpu-tiny (3 sessions x 2-3 turns, 512-token system "
-               "prompt, under 1,800 tokens, 16 out); a shape's hash block is --trace-block")
+               "90%% reuse with lengths halved: 30k in, 390 out, 89%% reuse; 8 sessions x 6-10 turns, 20k shared "
+               "system prompt, 1-2.2k new per turn, 0.5-3 s think), cpu-tiny (3 sessions x 2-3 turns, 512-token "
+               "system prompt, under 1,800 tokens, 16 out); a shape's hash block is --trace-block")
 
 
 def trace_of(name: str, block: int) -> list[TraceRequest]:

@@ -21,7 +21,9 @@ Engines that share a GPU start one after the other (each profiles its memory alo
 1. start the engines (the first start compiles the Triton kernels; later ones find them in the disk cache);
 2. phase probe: a 3-turn conversation twice (cold, then warm: other tokens, similar lengths), each request alone,
    with every engine's and the proxy's /metrics read before and after it;
-3. workloads (benchmarks/workloads.py) at each prompt length and concurrency, until --deadline-s;
+3. workloads (benchmarks/workloads.py) at each prompt length and concurrency, until --deadline-s; `trace`
+   replays a Mooncake-format trace (benchmarks/trace_replay.py) closed loop at each concurrency and open loop
+   at each --rate (rows of concurrency 0, workload trace@R/s);
 4. --decode-alone N: N new prompts at once straight to the serving engine, the token gaps while all N decode
    and none prefills: the decoder's ITL with no prefill load, next to the workloads' ITL at that concurrency;
 5. after the engines stop: a device-to-device copy of each transfer's byte count on the decoder's GPU and, when
@@ -38,7 +40,6 @@ import io
 import json
 import math
 import os
-import queue
 import re
 import shlex
 import statistics
@@ -52,6 +53,7 @@ from pathlib import Path
 from benchmarks.client import T0, log, metric_deltas, scrape, stream_logprobs
 from benchmarks.gpu.device_copy import device_copy
 from benchmarks.setups import Gpus, Setup
+from benchmarks.trace_replay import SHAPES_HELP, closed_loop, replay_open, to_requests, trace_of
 from benchmarks.workloads import Request, Tokens, agentic, insert_middle, oracle_hits, shared_system
 
 LOGPROBS = 2  # top-2 log-probabilities per generated token: greedy equality up to near-ties (merge.py)
@@ -82,53 +84,42 @@ def workload(kind: str, tokens: Tokens, length: int, conc: int, seed: int) -> li
     raise SystemExit(f"unknown workload {kind!r}")
 
 
-def run_requests(setup: Setup, requests: list[Request], conc: int, max_tokens: int, tag: dict) -> dict:
-    """Sessions in parallel (at most `conc` at once), each session's turns in order."""
-    todo: queue.Queue = queue.Queue()
-    for s in sessions_of(requests):
-        todo.put(s)
-    rows, lock, errors = [], threading.Lock(), []
+def run_requests(setup: Setup, requests: list[Request], conc: int, max_tokens: int, tag: dict,
+                 rate: float = 0.0) -> dict:
+    """Sessions in parallel (at most `conc` at once), each session's turns in order, a turn's `think_s` after the
+    previous answer; with `rate`, open loop instead: each request sent when due (trace_replay.replay_open, rows
+    with due_s and late_s). A request's own `max_tokens` (a trace's output length) wins over `max_tokens`."""
+    errors: list[str] = []
     before = setup.transfer_counters()
+    alone = conc == 1 and not rate  # per-request transfer counters only when nothing overlaps
 
-    def one_session():
-        while True:
-            try:
-                sess = todo.get_nowait()
-            except queue.Empty:
-                return
-            for req in sess:
-                body = {"model": "m", "prompt": list(req.token_ids), "max_tokens": max_tokens, "temperature": 0,
-                        "ignore_eos": True} | ({"logprobs": LOGPROBS} if LOGPROBS else {})
-                sent = time.monotonic()
-                c0 = setup.transfer_counters() if conc == 1 else None
-                try:
-                    seen = setup.send(body)
-                except Exception as e:
-                    errors.append(f"{req.session}/{req.turn}: {e!r}")
-                    continue
-                c1 = setup.transfer_counters() if conc == 1 else None
-                arr = seen["arrivals"]
-                gaps = [b - a for a, b in zip(arr, arr[1:])]
-                row = dict(tag, session=req.session, turn=req.turn, prompt_tokens=len(req.token_ids),
-                           hit_tokens=seen["hit_tokens"],
-                           reported_cached=seen.get("reported_cached", seen["hit_tokens"]),
-                           ttft_s=arr[0] if arr else None, e2e_s=seen["e2e_s"], p_s=seen["p_s"],
-                           itl_s=statistics.median(gaps) if gaps else None, sent_s=sent - T0,
-                           gaps_ms=[round(g * 1e3, 3) for g in gaps],
-                           completion_tokens=(seen["usage"] or {}).get("completion_tokens", 0), text=seen["text"],
-                           computed_on=((seen["usage"] or {}).get("hybrid_pd") or {}).get("computed_on"),
-                           tokens=seen.get("tokens"), margins=seen.get("margins"))
-                if c0 is not None and c1:
-                    row |= {k: c1[k] - c0[k] for k in c1}
-                with lock:
-                    rows.append(row)
+    def send(req: Request) -> dict | None:
+        body = {"model": "m", "prompt": list(req.token_ids), "max_tokens": req.max_tokens or max_tokens,
+                "temperature": 0, "ignore_eos": True} | ({"logprobs": LOGPROBS} if LOGPROBS else {})
+        sent = time.monotonic()
+        c0 = setup.transfer_counters() if alone else None
+        try:
+            seen = setup.send(body)
+        except Exception as e:
+            errors.append(f"{req.session}/{req.turn}: {e!r}")
+            return None
+        c1 = setup.transfer_counters() if alone else None
+        arr = seen["arrivals"]
+        gaps = [b - a for a, b in zip(arr, arr[1:])]
+        row = dict(tag, session=req.session, turn=req.turn, prompt_tokens=len(req.token_ids),
+                   hit_tokens=seen["hit_tokens"], reported_cached=seen.get("reported_cached", seen["hit_tokens"]),
+                   ttft_s=arr[0] if arr else None, e2e_s=seen["e2e_s"], p_s=seen["p_s"],
+                   itl_s=statistics.median(gaps) if gaps else None, sent_s=sent - T0,
+                   gaps_ms=[round(g * 1e3, 3) for g in gaps],
+                   completion_tokens=(seen["usage"] or {}).get("completion_tokens", 0), text=seen["text"],
+                   computed_on=((seen["usage"] or {}).get("hybrid_pd") or {}).get("computed_on"),
+                   tokens=seen.get("tokens"), margins=seen.get("margins"))
+        if c0 is not None and c1:
+            row |= {k: c1[k] - c0[k] for k in c1}
+        return row
 
     start = time.monotonic()
-    threads = [threading.Thread(target=one_session) for _ in range(conc)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    rows = replay_open(requests, rate, send) if rate else closed_loop(requests, conc, send)
     wall = time.monotonic() - start
     after = setup.transfer_counters()
     return {"rows": rows, "wall_s": wall, "errors": errors,
@@ -222,6 +213,21 @@ def pack_logs(logs: Path, out: Path) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
+def record(result: dict, run: dict, reqs: list[Request], block: int, tag: dict) -> None:
+    """A run into the part, each row with its oracle hit, and its log line."""
+    oracle = dict(zip(((r.session, r.turn) for r in reqs), oracle_hits(reqs, block or 1)))
+    for row in run["rows"]:
+        row["oracle_hit"] = oracle[(row["session"], row["turn"])]
+    run |= tag
+    result["runs"].append(run)
+    ttfts = sorted(r["ttft_s"] for r in run["rows"] if r["ttft_s"] is not None)
+    late = [r["late_s"] for r in run["rows"] if "late_s" in r]
+    log(f"{tag['workload']} L={tag['length']} c={tag['concurrency']}: {len(run['rows'])} requests, "
+        f"TTFT p50 {ttfts[len(ttfts) // 2] * 1e3 if ttfts else float('nan'):.1f} ms, "
+        f"{run['throughput_tok_s']:.0f} tok/s, errors {len(run['errors'])}"
+        + (f", sends late by at most {max(late) * 1e3:.1f} ms" if late else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setup", required=True, choices=["colocated", "upstream", "hybrid-pd-1p1d"])
@@ -230,7 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     Gpus.add_flags(ap)
     ap.add_argument("--lengths", default="2048,8192")
     ap.add_argument("--concurrency", default="1,8")
-    ap.add_argument("--workloads", default="agentic,shared_system,insert_middle")
+    ap.add_argument("--workloads", default="agentic,shared_system,insert_middle",
+                    help="of agentic, shared_system, insert_middle, trace (--trace replayed closed loop at each "
+                    "--concurrency, then open loop at each --rate; its requests ask for the trace's output lengths)")
+    ap.add_argument("--trace", default="agentic-8k", help=SHAPES_HELP)
+    ap.add_argument("--trace-block", type=int, default=512, help="tokens per hash id of --trace")
+    ap.add_argument("--rate", default="", help="open-loop request rates (req/s, comma list) of the trace workload: "
+                    "each request sent when due (the trace's timestamps scaled to the rate) whatever is in flight")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--upstream-flow", choices=["toy", "proxy"], default="toy")
     ap.add_argument("--proxy-args", default="", help="more flags for our proxy, e.g. '--pd-policy always-remote'")
@@ -286,8 +298,9 @@ def main(argv: list[str] | None = None) -> int:
             warm = agentic(tokens, max(64, int(length / 3.45)), sessions=2, turns=3, seed=900 + length % 97)
             run_requests(setup, warm, 2, 8, {"workload": "warmup"})  # untimed: compiles this length's shapes
             log(f"warm-up at {length} tokens done")
+        kinds = args.workloads.split(",")
         for length in map(int, args.lengths.split(",")):
-            for kind in args.workloads.split(","):
+            for kind in (k for k in kinds if k != "trace"):
                 for conc in map(int, args.concurrency.split(",")):
                     if kind == "insert_middle" and conc > 1:
                         continue  # one document, edited in order
@@ -297,18 +310,21 @@ def main(argv: list[str] | None = None) -> int:
                         result["errors"].append(f"deadline: skipped {kind} {length} c={conc}")
                         continue
                     reqs = workload(kind, tokens, length, conc, seed)
-                    oracle = dict(zip(((r.session, r.turn) for r in reqs), oracle_hits(reqs, block or 1)))
                     tag = {"workload": kind, "length": length, "concurrency": conc}
-                    run = run_requests(setup, reqs, conc, args.max_tokens, tag)
-                    for row in run["rows"]:
-                        row["oracle_hit"] = oracle[(row["session"], row["turn"])]
-                    run |= tag
-                    result["runs"].append(run)
-                    ttfts = sorted(r["ttft_s"] for r in run["rows"] if r["ttft_s"] is not None)
-                    log(f"{kind} L={length} c={conc}: {len(run['rows'])} requests, "
-                        f"TTFT p50 {ttfts[len(ttfts) // 2] * 1e3 if ttfts else float('nan'):.1f} ms, "
-                        f"{run['throughput_tok_s']:.0f} tok/s, errors {len(run['errors'])}")
+                    record(result, run_requests(setup, reqs, conc, args.max_tokens, tag), reqs, block, tag)
                     save()
+        if "trace" in kinds:
+            reqs = to_requests(trace_of(args.trace, args.trace_block), tokens, args.trace_block)
+            length = round(statistics.fmean(len(r.token_ids) for r in reqs))  # the rows' `length`: the mean prompt
+            modes = [(int(c), 0.0) for c in filter(None, args.concurrency.split(","))]
+            modes += [(0, float(r)) for r in filter(None, args.rate.split(","))]
+            for conc, rate in modes:
+                tag = {"workload": f"trace@{rate:g}/s" if rate else "trace", "length": length, "concurrency": conc}
+                if time.monotonic() - T0 > args.deadline_s:
+                    result["errors"].append(f"deadline: skipped {tag}")
+                    continue
+                record(result, run_requests(setup, reqs, conc, args.max_tokens, tag, rate), reqs, block, tag)
+                save()
     except Exception:
         result["errors"].append(traceback.format_exc())
         log(traceback.format_exc())

@@ -172,3 +172,52 @@ def test_stream_logprobs_reads_vllm_chunks():
         server.shutdown()
     assert seen["text"] == "hey" and seen["tokens"] == ["he", "y"] and seen["margins"] == [2.0, None]
     assert len(seen["arrivals"]) == 2 and client.cached_of(seen["usage"]) == 544
+
+
+class FakeSetup:
+    """A set-up whose engine answers every request in 50 ms with the tokens it was asked for."""
+
+    def __init__(self):
+        self.bodies: list[dict] = []
+
+    def transfer_counters(self) -> dict:
+        return {"bytes": 0.0, "descriptors": 0.0, "transfers": 0.0, "transfer_seconds": 0.0,
+                "failed_transfers": 0.0}
+
+    def send(self, body: dict) -> dict:
+        import time
+
+        self.bodies.append(body)
+        time.sleep(0.05)
+        n = body["max_tokens"]
+        return {"arrivals": [0.01 + 0.001 * i for i in range(n)], "e2e_s": 0.05, "hit_tokens": 0, "p_s": None,
+                "usage": {"completion_tokens": n}, "text": "t" * n}
+
+
+def test_trace_runs_closed_and_open_loop_and_merge(bench, tokens, tmp_path):
+    from benchmarks.fleetsim_trace import TraceRequest
+    from benchmarks.trace_replay import to_requests
+
+    trace = [TraceRequest(0.0, 128, 3, [1], "a", 0), TraceRequest(10.0, 128, 4, [2], "b", 0),
+             TraceRequest(20.0, 200, 5, [1, 3], "a", 1, 20.0), TraceRequest(40.0, 250, 6, [2, 4], "b", 1, 20.0)]
+    reqs = to_requests(trace, tokens, 128)
+    fake = FakeSetup()
+    closed = bench.run_requests(fake, reqs, 2, 64, {"workload": "trace", "length": 170, "concurrency": 2})
+    assert sorted((r["session"], r["turn"], r["completion_tokens"]) for r in closed["rows"]) == [
+        ("a", 0, 3), ("a", 1, 5), ("b", 0, 4), ("b", 1, 6)]
+    assert closed["wall_s"] >= 0.05 + 0.02 + 0.05  # a turn, its think time, the next turn
+    tag = {"workload": "trace@100/s", "length": 170, "concurrency": 0}
+    opened = bench.run_requests(fake, reqs, 0, 64, tag, rate=100.0)  # 3 gaps in 30 ms: all in flight at once
+    assert [r["due_s"] for r in opened["rows"]] == pytest.approx([0.0, 0.0075, 0.015, 0.03])
+    assert all(0 <= r["late_s"] < 0.04 for r in opened["rows"])
+    assert opened["wall_s"] < 0.03 + 0.05 + 0.04  # no request waited for another to end
+    merge = load("gpu.merge")
+    result = {"setup": "colocated", "tag": "", "args": {}, "probe": [], "errors": [], "block": 128, "runs": []}
+    for run, t in ((closed, {"workload": "trace", "length": 170, "concurrency": 2}), (opened, tag)):
+        bench.record(result, run, reqs, 128, t)
+    (tmp_path / "part-colocated.json").write_text(json.dumps(result))
+    res = merge.merge(tmp_path, 8192)
+    assert {(t["workload"], t["concurrency"], t["n"]) for t in res["tables"]} == {("trace", 2, 4),
+                                                                                 ("trace@100/s", 0, 4)}
+    assert {t["oracle"] for t in res["tables"]} == {128 * 2}  # the second turns reuse their first block
+    assert "| trace@100/s | 170 | 0 | colocated |" in merge.summary_md(res, "t")
