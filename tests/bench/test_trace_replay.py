@@ -41,6 +41,8 @@ def test_requests_share_exactly_their_shared_hash_blocks(tokens):
     assert [(r.session, r.turn, r.max_tokens, r.at_s) for r in reqs] == [
         ("a", 0, 5, 0.0), ("a", 1, 6, 0.001), ("b", 0, 7, 0.002), ("req3", 0, 8, 0.003), ("req4", 0, 9, 0.004)]
     assert to_requests(trace, tokens, block) == reqs  # deterministic
+    one, two = reqs[0].token_ids[:64], reqs[0].token_ids[64:128]  # ids 1 and 2: draws of their own seeds
+    assert sum(a == b for a, b in zip(one, two)) < 8 + 8
     special = set(tokens.tok.all_special_ids)
     assert not special & {t for r in reqs for t in r.token_ids}
 
