@@ -117,12 +117,15 @@ def main(argv: list[str] | None = None) -> int:
                "connector": args.connector, "worker_args": args.worker_args, "setups": {}}
     for name in args.setups.split(","):
         print(f"[bench] {name}: starting", flush=True)
-        with running(Setup(name, bed, logs, args.connector)) as setup:
-            if not modes:
+        if not modes:
+            with running(Setup(name, bed, logs, args.connector)) as setup:
                 results["setups"][name] = measure(setup, requests, oracle)
-            for conc, rate in modes:
-                results["setups"][f"{name} {rate:g}/s" if rate else f"{name} c={conc}"] = \
-                    measure_trace(setup, requests, oracle, conc, rate)
+        for conc, rate in modes:  # fresh engines for each: every replay starts from empty caches, as the oracle
+            key = f"{name} {rate:g}/s" if rate else f"{name} c={conc}"
+            own = logs / key.replace(" ", "-").replace("/", "")  # logs and ready files of their own
+            own.mkdir()
+            with running(Setup(name, bed, own, args.connector)) as setup:
+                results["setups"][key] = measure_trace(setup, requests, oracle, conc, rate)
         for key in [k for k in results["setups"] if k.split(" ")[0] == name]:
             r = results["setups"][key]
             late = [x["late_s"] for x in r["requests"] if "late_s" in x]
