@@ -9,7 +9,8 @@ share exactly the blocks whose ids they share:
     other      [7,        8,        12          ]  -> the same first 2 * block tokens, then block(12)
 
 A block begins with its id written in base V (V ordinary tokens of the vocabulary, enough digits for any 63-bit
-id), so blocks of two ids differ within their first digits even on a tiny vocabulary; the rest is random.
+id; a salt shifts the first), so blocks of two ids differ within their first digits even on a tiny vocabulary; the
+rest is random.
 
 Two ways to send them (both runners, benchmarks/run.py and benchmarks/gpu/bench.py, build one row per request
 with their own `send`):
@@ -71,12 +72,13 @@ def trace_of(name: str, block: int) -> list[TraceRequest]:
 
 
 class Blocks:
-    """hash id -> the block of token ids it stands for (memoized: sessions repeat their prefixes)."""
+    """hash id -> the block of token ids it stands for (memoized: sessions repeat their prefixes). `salt` makes
+    other blocks for the same ids (a replay on engines whose caches hold an earlier one's) from the first token."""
 
-    def __init__(self, tokens: Tokens, block: int):
+    def __init__(self, tokens: Tokens, block: int, salt: int = 0):
         special = set(tokens.tok.all_special_ids)
         self.vocab = [i for i in range(tokens.tok.vocab_size) if i not in special]
-        self.block = block
+        self.block, self.salt = block, salt
         self.digits = next(d for d in range(1, 64) if len(self.vocab) ** d >= 1 << 63)
         self.memo: dict[int, tuple[int, ...]] = {}
 
@@ -85,22 +87,23 @@ class Blocks:
             v, n, head = len(self.vocab), hash_id, []
             for _ in range(self.digits):
                 n, d = divmod(n, v)
-                head.append(self.vocab[d])
-            rng = random.Random(hash_id)
-            self.memo[hash_id] = tuple(head) + tuple(rng.choice(self.vocab) for _ in range(self.block - self.digits))
+                head.append(self.vocab[(d + (0 if head else self.salt)) % v])  # the salt shifts the first digit
+            rng = random.Random(f"{self.salt}:{hash_id}")
+            self.memo[hash_id] = tuple(head) + tuple(rng.choice(self.vocab) for _ in range(self.block - len(head)))
         return self.memo[hash_id]
 
 
-def to_requests(trace: list[TraceRequest], tokens: Tokens, block: int, workload: str = "trace") -> list[Request]:
-    """The harness's requests, in trace order: token ids from the hash ids, output_length as max_tokens,
-    the timestamp as `at_s`, think_ms as `think_s`; a request without a session is a session of its own."""
-    blocks, out = Blocks(tokens, block), []
+def to_requests(trace: list[TraceRequest], tokens: Tokens, block: int, salt: int = 0) -> list[Request]:
+    """The harness's requests (workload "trace"), in trace order: token ids from the hash ids (Blocks),
+    output_length as max_tokens, the timestamp as `at_s`, think_ms as `think_s`; a request without a session is
+    a session of its own."""
+    blocks, out = Blocks(tokens, block, salt), []
     for i, r in enumerate(trace):
         if not (len(r.hash_ids) - 1) * block < r.input_length <= len(r.hash_ids) * block:
             raise ValueError(f"trace request {i}: input_length {r.input_length} does not fit "
                              f"{len(r.hash_ids)} hash ids of {block} tokens (is --trace-block right?)")
         ids = tuple(t for h in r.hash_ids for t in blocks(h))[: r.input_length]
-        out.append(Request(workload, r.session_id or f"req{i}", r.turn, ids, at_s=r.timestamp_ms / 1e3,
+        out.append(Request("trace", r.session_id or f"req{i}", r.turn, ids, at_s=r.timestamp_ms / 1e3,
                            think_s=r.think_ms / 1e3, max_tokens=r.output_length))
     return out
 

@@ -314,11 +314,12 @@ def main(argv: list[str] | None = None) -> int:
                     record(result, run_requests(setup, reqs, conc, args.max_tokens, tag), reqs, block, tag)
                     save()
         if "trace" in kinds:
-            reqs = to_requests(trace_of(args.trace, args.trace_block), tokens, args.trace_block)
-            length = round(statistics.fmean(len(r.token_ids) for r in reqs))  # the rows' `length`: the mean prompt
+            trace = trace_of(args.trace, args.trace_block)
             modes = [(int(c), 0.0) for c in filter(None, args.concurrency.split(","))]
             modes += [(0, float(r)) for r in filter(None, args.rate.split(","))]
-            for conc, rate in modes:
+            for salt, (conc, rate) in enumerate(modes):  # other tokens each time: no hit on an earlier replay
+                reqs = to_requests(trace, tokens, args.trace_block, salt)
+                length = round(statistics.fmean(len(r.token_ids) for r in reqs))  # the rows' `length`: mean prompt
                 tag = {"workload": f"trace@{rate:g}/s" if rate else "trace", "length": length, "concurrency": conc}
                 if time.monotonic() - T0 > args.deadline_s:
                     result["errors"].append(f"deadline: skipped {tag}")

@@ -43,6 +43,10 @@ def test_requests_share_exactly_their_shared_hash_blocks(tokens):
     assert to_requests(trace, tokens, block) == reqs  # deterministic
     one, two = reqs[0].token_ids[:64], reqs[0].token_ids[64:128]  # ids 1 and 2: draws of their own seeds
     assert sum(a == b for a, b in zip(one, two)) < 8 + 8
+    other = to_requests(trace, tokens, block, salt=1)  # the same sharing among themselves, none with salt 0's
+    assert [len(r.token_ids) for r in other] == [len(r.token_ids) for r in reqs]
+    assert common(other[0].token_ids, other[1].token_ids) == 3 * 64
+    assert max(common(a.token_ids, b.token_ids) for a in reqs for b in other) == 0
     special = set(tokens.tok.all_special_ids)
     assert not special & {t for r in reqs for t in r.token_ids}
 
