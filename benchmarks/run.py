@@ -7,9 +7,9 @@
 (benchmarks/trace_replay.py): closed loop at each concurrency, open loop at each rate.
 
 Writes results.json (every request), summary.md (ratios against the colocated engine and upstream) and PNG
-plots into --out. Requests go one at a time, so TTFT is not queueing; throughput is output tokens over the
-set-up's whole wall time. Hit tokens are compared with an oracle that knows every computed boundary, bytes
-with what the decoder's connector counted.
+plots into --out. benchmarks/workloads.py's requests go one at a time, so TTFT is not queueing; throughput is
+output tokens over the set-up's whole wall time. Hit tokens are compared with an oracle that knows every
+computed boundary, bytes with what the decoder's connector counted.
 """
 
 from __future__ import annotations
