@@ -63,6 +63,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--decode-gpu", default="1", help="CUDA_VISIBLE_DEVICES of the decode worker (and reference)")
     ap.add_argument("--gpu-memory-utilization", default="0.4")
     ap.add_argument("--reference", action="store_true", help="also run a colocated engine and compare outputs")
+    ap.add_argument(
+        "--pd-policy",
+        default="always-remote",
+        help="the proxy's --pd-policy. The demo shows the PD flow, so every turn goes through the prefiller; 'ours' "
+        "places each turn by its predicted TTFT, which on the demo's idle decoder keeps every turn there",
+    )
     ap.add_argument("--base-port", type=int, default=18000, help="proxy port; workers use the next ones")
     ap.add_argument("--logs", type=Path, default=CACHE_ROOT / "demo-logs")
     ap.add_argument("--report", type=Path, default=None, help="write the report as JSON here")
@@ -125,6 +131,8 @@ def build_children(args: argparse.Namespace) -> list[ChildProcess]:
                 f"tcp://127.0.0.1:{port + 21}",
                 "--decode-events",
                 f"tcp://127.0.0.1:{port + 22}",
+                "--pd-policy",
+                args.pd_policy,
                 "--drain-delay-s",
                 "0",
             ],  # no load balancer to tell: stop at once
