@@ -221,3 +221,27 @@ def test_trace_runs_closed_and_open_loop_and_merge(bench, tokens, tmp_path):
                                                                                  ("trace@100/s", 0, 4)}
     assert {t["oracle"] for t in res["tables"]} == {128 * 2}  # the second turns reuse their first block
     assert "| trace@100/s | 170 | 0 | colocated |" in merge.summary_md(res, "t")
+
+
+def test_packed_logs_keep_every_turns_load_and_placement_lines(tmp_path):
+    """A run's slow turn is read afterwards from the decoder's load lines and the proxy's placement lines: a
+    digest that kept only the last 600 interesting lines lost the c=1 turns of a run (2026-11-26)."""
+    import tarfile
+
+    from benchmarks.gpu.bench import pack_logs
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = []
+    for i in range(1500):
+        lines += [f"INFO [scheduler_side.py:240] request cmpl-pd-x-{i}-0: load 4641 tokens from e, local hit 0",
+                  "INFO:     127.0.0.1:59254 - \"POST /v1/completions HTTP/1.1\" 200 OK",
+                  f"INFO hybrid_pd.proxy: placement pd-x-{i}: TTFT 115.6 ms (predicted 106.8), local_prefill"]
+    (logs / "decode.log").write_text("\n".join(lines) + "\n")
+    pack_logs(logs, tmp_path / "logs.tar.gz")
+    with tarfile.open(tmp_path / "logs.tar.gz") as tar:
+        f = tar.extractfile("decode.log")
+        assert f is not None
+        text = f.read().decode()
+    assert all(f"cmpl-pd-x-{i}-0: load" in text and f"placement pd-x-{i}:" in text for i in range(1500))
+    assert text.count("POST /v1/completions") <= 200  # the tail's; the rest is left out
