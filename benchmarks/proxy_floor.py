@@ -19,17 +19,11 @@ import msgspec
 import uvicorn
 
 from hybrid_pd.proxy.http.client import HTTPPool
+from hybrid_pd.proxy.openai_api import PREFILL_KV_TRANSFER_PARAMS
 
 _decoder, _encoder = msgspec.json.Decoder(), msgspec.json.Encoder()
 JSON = {"Content-Type": "application/json"}
-PREFILL = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
+PREFILL = PREFILL_KV_TRANSFER_PARAMS  # what the proxy sends P
 
 
 def app_for(prefill: str, decode: str) -> Any:
