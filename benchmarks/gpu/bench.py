@@ -35,6 +35,7 @@ benchmarks/gpu/merge.py turns the parts into results.json and summary.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import io
 import json
@@ -203,7 +204,7 @@ def pack_logs(logs: Path, out: Path) -> None:
     """Each log's interesting lines and its tail, in one small tar.gz."""
     keep = re.compile(r"block size|hybrid_pd|hybrid-pd|Nixl|NIXL|ERROR|Error|Traceback|WARNING|took|seconds|graph|"
                       r"compile|KV cache|Available|memory|healthy|skipped|decode-only|fallback|: load \d+ tokens|"
-                      r"checkpoint|placement|jit", re.I)
+                      r"checkpoint|placement|jit|autotun", re.I)
     with tarfile.open(out, "w:gz") as tar:
         for path in sorted(logs.glob("*.log")):
             lines = path.read_text(errors="replace").splitlines()
@@ -247,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                     "each request sent when due (the trace's timestamps scaled to the rate) whatever is in flight")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--upstream-flow", choices=["toy", "proxy"], default="toy")
+    ap.add_argument("--vllm-args", default="", help="more vLLM flags for every engine, e.g. '--jit-monitor-verbose' "
+                    "(vLLM >= 0.32: every kernel compiled while serving, not only each kernel's first)")
     ap.add_argument("--proxy-args", default="", help="more flags for our proxy, e.g. '--pd-policy always-remote'")
     ap.add_argument("--probe-length", type=int, default=8192)
     ap.add_argument("--warmup-lengths", default="",
@@ -270,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     def save():
         part.write_text(json.dumps(result, indent=1))
 
-    setup = Setup(args.setup, Gpus.from_args(args), logs, upstream_flow=args.upstream_flow,
+    gpus = dataclasses.replace(Gpus.from_args(args), vllm_extra=tuple(shlex.split(args.vllm_args)))
+    setup = Setup(args.setup, gpus, logs, upstream_flow=args.upstream_flow,
                   proxy_args=tuple(shlex.split(args.proxy_args)))
     try:
         import importlib.metadata as md

