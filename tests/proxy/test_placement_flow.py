@@ -136,7 +136,8 @@ def test_a_busy_decoder_has_the_prefiller_compute_to_n_minus_1(caplog):
             for w in proxy.state.pool.all("decode"):
                 w.engine = EngineLoad(running=streams, waiting=0)
             async with aiohttp.ClientSession() as s:
-                r = await s.post(proxy.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "stream": True})
+                streamed = {"prompt": PROMPT, "max_tokens": 3, "stream": True}
+                r = await s.post(proxy.url + "/v1/completions", json=streamed)
                 assert r.status == 200 and "[DONE]" in await r.text()
             calls = proxy.state.rates.observations["prefiller_call"]
             return [c.body["kv_transfer_params"] for c in p.generate_calls], calls, proxy.state.rates.rates
