@@ -8,8 +8,9 @@ compute), the choice, the measured TTFT, and the order of decisions and outcomes
 would have: P's queue at each decision (the P tokens and count of the remote turns whose P call was under way then:
 Worker.queued_tokens and in_flight), and whether P ran a call alone. What the log lacks (it predates the P-call
 line), it derives: a remote turn's P call is its measured TTFT less the rest of the path as the model prices it
-(hop, READ, D's step; ~22 ms of a ~380 ms turn), and it ended that long before the first byte. Predictions are place() at the rates learned so far; the turns keep the run's choice (a turn the
-learned model would have served on D has no measured TTFT there), and the figure is on the run's remote turns.
+(hop, READ, D's step; ~22 ms of a ~380 ms turn), and it ended that long before the first byte. Predictions are
+place() at the rates learned so far; the turns keep the run's choice (a turn the learned model would have served
+on D has no measured TTFT there), and the figure is on the run's remote turns.
 """
 
 from __future__ import annotations
