@@ -23,12 +23,13 @@ prompt's chunks, so the requests of a burst finish together rather than one queu
 takes that as one ratio: f = sum(w_i * r_i) / sum(w_i), r_i a remote turn's measured / priced P call, each clamped
 to [f / call_clamp, f * call_clamp] (a first-shape compile at 10x counts as 2x), weights w_i forgetting by
 `call_forget` per turn (about the last 10 turns), the neutral prior counting `call_prior` turns at the start so
-the first turns move it by a third each (the hop's average moves 10% a turn: too slow for a 4-second burst). A
-ratio, not a least squares over (queued steps, queued tokens): within a burst the measured calls are flat where
-the priced ones grow with queue position, which no fit over those features follows from one run's turns; a
-ratio's average is what the remote options' median measured / priced moves to (tests/proxy/
-test_placement_replay.py replays that run). f stays within [CALL_FLOOR, CALL_CEILING]: P's part is never free, and
-a stuck P is the health checks' to find, not a factor's.
+the first remote turn moves it by about a third (the hop's average moves 10% a turn: too slow for a 4-second
+burst). Replayed on that run (tests/proxy/test_placement_replay.py), the remote turns' median measured /
+predicted TTFT goes from 1.61x to 1.21x, and to 0.97x over the turns decided after a remote turn had come back.
+One ratio rather than a least squares over P's priced queue and prefill: within a burst the measured calls are
+flat where the priced ones grow with queue position, and the two-coefficient fit, replayed the same way, gained
+little (1.13x) for a second coefficient a burst's few turns barely determine. f stays within [CALL_FLOOR,
+CALL_CEILING]: P's part is never free, and a stuck P is the health checks' to find, not a factor's.
 """
 
 from __future__ import annotations
