@@ -4,10 +4,12 @@ decide(turn, D)      the shared gates, then the policy (disagg.decide) over the 
                      kv/request_hits.py) and the workers' loads; policy ours runs the cost model over D and
                      every admitted prefiller (cost_model.place)
 misroute(turn, D)    a hybrid misroute counted: D computed a prompt for a hit that was attention-only
-learn(turn)          the rates fed what the turn showed (online_rates.py): every remote turn's P call against
-                     what the chosen option priced for it (the factor on P's queue + prefill), P's call as a
-                     prefill where P ran it alone, a streamed turn D served alone as one, what a PD turn's TTFT
-                     had beyond P's call as the hop; with --log-placement, one line of it per turn
+learn_prefiller_call(turn)
+                     as soon as P has answered a remote turn: its call against what the chosen option priced
+                     for it (the factor on P's queue + prefill, online_rates.py)
+learn(turn)          once the turn has ended, the rates fed what it showed: P's call as a prefill where P ran it
+                     alone, a streamed turn D served alone as one, what a PD turn's TTFT had beyond P's call as
+                     the hop; with --log-placement, one line of it per turn (TTFT, P's call, its price, the factor)
 observe_step(...)    a streamed answer's inter-token time as D's step at its batch
 """
 
@@ -113,10 +115,19 @@ class Decider:
         if over > 0:
             self.record.misroute(self.config.pd_policy, over)
 
+    def learn_prefiller_call(self, turn: Turn) -> None:
+        """As soon as P has answered a remote turn: its call against what the chosen option priced for it (the
+        factor on P's queue + prefill, online_rates.py). Here rather than at the turn's end, a stream sooner: the
+        turns decided meanwhile are priced with it (the 2026-11-26 H200 replay: remote turns' median measured /
+        predicted 1.13x, 1.21x learning at their end; tests/proxy/test_placement_replay.py)."""
+        chosen = turn.placement.chosen if turn.placement is not None else None
+        if turn.mode == REMOTE_PREFILL and turn.prefill_ms is not None and chosen is not None and chosen.prefiller:
+            self.state.rates.observe_prefiller_call(chosen.prefiller_ms, turn.prefill_ms)
+
     def learn(self, turn: Turn) -> None:
-        """Feed the cost model's rates with what this turn showed (online_rates.py): every remote turn's P call
-        against what the chosen option priced for it; P's call as a prefill where P ran it alone; a streamed turn
-        D served alone (its TTFT) as one; what a PD turn's TTFT had beyond P's call as the hop."""
+        """Feed the cost model's rates with what this turn showed (online_rates.py), once it has ended: P's call as
+        a prefill where P ran it alone; a streamed turn D served alone (its TTFT) as one; what a PD turn's TTFT had
+        beyond P's call as the hop. (P's call against its price was learned when P answered.)"""
         n = len(turn.context.token_ids or ())
         if n < 2:
             return
@@ -126,8 +137,6 @@ class Decider:
         ttft = (turn.first_byte - turn.decided) * 1000 if turn.first_byte is not None else None
         chosen = turn.placement.chosen if turn.placement is not None else None
         if turn.mode == REMOTE_PREFILL and turn.prefill_ms is not None:
-            if chosen is not None and chosen.prefiller is not None:
-                rates.observe_prefiller_call(chosen.prefiller_ms, turn.prefill_ms)
             end = prefill_stop(turn, n, block)
             p_hit = min(turn.prefill_hit or 0, end)
             computed = max(end - p_hit, 1)

@@ -24,11 +24,12 @@ takes that as one ratio: f = sum(w_i * r_i) / sum(w_i), r_i a remote turn's meas
 to [f / call_clamp, f * call_clamp] (a first-shape compile at 10x counts as 2x), weights w_i forgetting by
 `call_forget` per turn (about the last 10 turns), the neutral prior counting `call_prior` turns at the start so
 the first remote turn moves it by about a third (the hop's average moves 10% a turn: too slow for a 4-second
-burst). Replayed on that run (tests/proxy/test_placement_replay.py), the remote turns' median measured /
-predicted TTFT goes from 1.61x to 1.21x, and to 0.97x over the turns decided after a remote turn had come back.
-One ratio rather than a least squares over P's priced queue and prefill: within a burst the measured calls are
-flat where the priced ones grow with queue position, and the two-coefficient fit, replayed the same way, gained
-little (1.13x) for a second coefficient a burst's few turns barely determine. f stays within [CALL_FLOOR,
+burst; the decider feeds it as soon as P answers). Replayed on that run (tests/proxy/test_placement_replay.py),
+the remote turns' median measured / predicted TTFT goes from 1.61x to 1.13x, and from 1.49x to 1.04x over the
+turns decided after P had answered one. One ratio rather than a least squares over P's priced queue and prefill:
+within a burst the measured calls are flat where the priced ones grow with queue position, and a two-coefficient
+fit, replayed the same way (learning at the turns' end: 1.13x where the ratio came to 1.21x), gained little for
+a second coefficient a burst's few turns barely determine. f stays within [CALL_FLOOR,
 CALL_CEILING]: P's part is never free, and a stuck P is the health checks' to find, not a factor's.
 """
 
