@@ -28,9 +28,11 @@ burst; the decider feeds it as soon as P answers). Replayed on that run (tests/p
 the remote turns' median measured / predicted TTFT goes from 1.61x to 1.13x, and from 1.49x to 1.04x over the
 turns decided after P had answered one. One ratio rather than a least squares over P's priced queue and prefill:
 within a burst the measured calls are flat where the priced ones grow with queue position, and a two-coefficient
-fit, replayed the same way (learning at the turns' end: 1.13x where the ratio came to 1.21x), gained little for
-a second coefficient a burst's few turns barely determine. f stays within [CALL_FLOOR,
-CALL_CEILING]: P's part is never free, and a stuck P is the health checks' to find, not a factor's.
+fit, tried in the same replay (learning at the turns' end: 1.13x where the ratio came to 1.21x), gained little
+for a second coefficient a burst's few turns barely determine. Where P ran a call alone, the prefill fit learns
+from it too; each r_i is against the price at the decision, without f, so as that fit moves the next ratios come
+back towards 1 and f with them. f stays within [CALL_FLOOR, CALL_CEILING]: P's part is never free, and a stuck P
+is the health checks' to find, not a factor's.
 """
 
 from __future__ import annotations
