@@ -91,6 +91,7 @@ class PDFlow:
         self.record.decision(decision)
         if is_remote(decision):
             await self._prefill(turn)
+            self.decider.learn_prefiller_call(turn)
             if turn.transfer_params is not None:
                 turn.decoder_hit = context.hits.get(decoder.url)
         self.decider.misroute(turn, decoder, decision)

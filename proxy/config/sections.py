@@ -227,7 +227,7 @@ class DisaggConfig:
         False,
         "log_placement",
         "policy ours: log each turn's placement at INFO (every option's predicted TTFT, stall and cost, the choice) "
-        "and, once its first token is out, the TTFT it had",
+        "and, once the turn has ended, the TTFT it had, P's call against its price and the factor on P's call learned",
         parse=boolean,
     )
     usage_breakdown: bool = setting(

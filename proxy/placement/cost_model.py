@@ -6,9 +6,9 @@ picks the option with the least TTFT among those that keep D's streams within th
 
     option              TTFT                                                    D's streams: each waits / gap
     D alone             wait_D + prefill(U_d, hit_d) + steps * k * s            prefill(U_d, hit_d)
-    P_i to the boundary wait_i + prefill(U_i, hit_i) + hop + READ(MB)           the tail's step
+    P_i to the boundary f * (wait_i + prefill(U_i, hit_i)) + hop + READ(MB)     the tail's step
                         + step(k+1) + the tail's step on D
-    P_i to N-1          wait_i + prefill(U_i', hit_i, its steps) + hop          s (one more sequence's token)
+    P_i to N-1          f * (wait_i + prefill(U_i', hit_i, its steps)) + hop    s (one more sequence's token)
                         + READ(MB') + step(k+1)
 
     N                the prompt's tokens; a hit is the joint one (attention blocks AND a checkpoint there)
@@ -29,6 +29,9 @@ picks the option with the least TTFT among those that keep D's streams within th
                      rest: `local_steps`)
     step(k)          D's decode step with k streams: step_ms + step_ms_per_seq * (k - 1); s = step_ms_per_seq
     k                D's running + waiting streams
+    f                P's call as measured over P's call as priced (`prefiller_call_factor`, 1 in the priors): what
+                     a loaded P costs beyond its queue's steps and tokens (a GPU it shares with D, a batch whose
+                     requests all finish at its last step); learned from every remote turn (online_rates.py)
     wait             a worker's queue: the steps and tokens of the prompt tokens queued on it (an engine step
                      batches several requests' chunks, up to chunk_tokens), one step where it runs requests this
                      proxy did not send
@@ -42,7 +45,9 @@ The choice is monotone (tests/proxy/test_placement.py checks it with Hypothesis)
 on a prefiller, never moves a turn from a prefiller to D; a busier prefiller, or a larger hit on D, never moves it
 from D to a prefiller; a worker that cannot serve is never an option. This holds for rates with non-negative terms
 whose prefill costs at least what reading its KV costs (per_token >= kv_mb_per_token * read_ms_per_mb; on every
-GPU we measured, by two orders of magnitude).
+GPU we measured, by two orders of magnitude). The factor f keeps it so: it scales only P's part of a remote option
+(its queue and prefill, which grow with P's load and shrink with P's hit, and so still do times f >= 0), and no
+term D's load or D's hit moves (D alone's prefill, the READ, the tail, D's steps) is scaled by it.
 
 In the proxy (decider.py) the choice is D alone or remote, and where remote, P's stop; a remote turn's prefiller
 is then the prefill router's pick, as with every policy (with kv_hit or queue_cost routing it is the option's P_i
@@ -73,6 +78,7 @@ class Rates:
     step_ms: float  # a decode step of one stream
     step_ms_per_seq: float  # what each further stream in the batch adds to it
     chunk_tokens: int = 8192  # the engine's max_num_batched_tokens: prompt tokens one step computes at most
+    prefiller_call_factor: float = 1.0  # f: P's call (queue + prefill) as measured over as priced (>= 0)
 
     def prefill_ms(self, tokens: int, context: int, steps: int | None = None) -> float:
         """An engine's time to compute `tokens` prompt tokens after `context` cached ones, in `steps` engine
@@ -122,6 +128,7 @@ PRIORS = Rates(
     step_ms=5.71,
     step_ms_per_seq=0.18,
     chunk_tokens=8192,
+    prefiller_call_factor=1.0,  # neutral: the priors are P's calls alone; a deployment's load is learned online
 )
 
 
@@ -151,6 +158,7 @@ class Option:
     decoder_tokens: int  # prompt tokens computed on the decoder
     read_mb: float  # bytes D pulls
     stop: str = ""  # a remote option's stop on P: BOUNDARY or LAST ("" alone)
+    prefiller_ms: float = 0.0  # a remote option's P call (queue + prefill) at the rates, before the factor f
 
 
 @dataclass(frozen=True)
@@ -272,12 +280,13 @@ def _remote(
     pulled = max(end - d_hit, 0)  # D keeps its own hit and pulls the rest up to P's stop
     on_d = n - max(end, d_hit)  # then computes what is left: the tail, or less where it holds more
     read_mb = pulled * rates.kv_mb_per_token + rates.checkpoint_mb  # P's state at its stop crosses
-    wait = queue_ms(rates, p.queued_tokens, p.load)
+    call_ms = queue_ms(rates, p.queued_tokens, p.load) + rates.prefill_ms(u, p_hit, p_steps)  # P's part, priced
     step = rates.step(k + 1)
     tail_ms = decoder_tail_ms(rates, n, on_d)
     last = min(on_d, rates.chunk_tokens)
     gap_ms = decoder_tail_ms(rates, n, last, steps=1)  # its costliest step
-    ttft = wait + rates.prefill_ms(u, p_hit, p_steps) + rates.hop_ms + read_mb * rates.read_ms_per_mb + step + tail_ms
+    factor = max(rates.prefiller_call_factor, 0.0)
+    ttft = call_ms * factor + rates.hop_ms + read_mb * rates.read_ms_per_mb + step + tail_ms
     gap = step + gap_ms
     meets = k <= 0 or slo <= 0 or gap <= slo
-    return Option(p.name, ttft, tail_ms, gap, ttft + k * tail_ms, meets, u, on_d, read_mb, stop)
+    return Option(p.name, ttft, tail_ms, gap, ttft + k * tail_ms, meets, u, on_d, read_mb, stop, call_ms)

@@ -4,8 +4,12 @@ decide(turn, D)      the shared gates, then the policy (disagg.decide) over the 
                      kv/request_hits.py) and the workers' loads; policy ours runs the cost model over D and
                      every admitted prefiller (cost_model.place)
 misroute(turn, D)    a hybrid misroute counted: D computed a prompt for a hit that was attention-only
-learn(turn)          the rates fed what the turn showed (online_rates.py): P's call as a prefill, a streamed
-                     turn D served alone as one, what a PD turn's TTFT had beyond P's call as the hop
+learn_prefiller_call(turn)
+                     as soon as P has answered a remote turn: its call against what the chosen option priced
+                     for it (the factor on P's queue + prefill, online_rates.py)
+learn(turn)          once the turn has ended, the rates fed what it showed: P's call as a prefill where P ran it
+                     alone, a streamed turn D served alone as one, what a PD turn's TTFT had beyond P's call as
+                     the hop; with --log-placement, one line of it per turn (TTFT, P's call, its price, the factor)
 observe_step(...)    a streamed answer's inter-token time as D's step at its batch
 """
 
@@ -20,7 +24,7 @@ from ..routing import RequestContext
 from ..state import ProxyState
 from ..turn import LOCAL_PREFILL, REMOTE_PREFILL, Turn
 from ..workers import Worker
-from .cost_model import BOUNDARY, Placement, WorkerView, decoder_tail_ms, local_steps, place, remote_tail
+from .cost_model import BOUNDARY, Option, Placement, WorkerView, decoder_tail_ms, local_steps, place, remote_tail
 from .disagg import decide, gate, is_remote
 
 log = logging.getLogger("hybrid_pd.proxy")
@@ -111,9 +115,19 @@ class Decider:
         if over > 0:
             self.record.misroute(self.config.pd_policy, over)
 
+    def learn_prefiller_call(self, turn: Turn) -> None:
+        """As soon as P has answered a remote turn: its call against what the chosen option priced for it (the
+        factor on P's queue + prefill, online_rates.py). Here rather than at the turn's end, a stream sooner: the
+        turns decided meanwhile are priced with it (the 2026-11-26 H200 replay: remote turns' median measured /
+        predicted 1.13x, 1.21x learning at their end; tests/proxy/test_placement_replay.py)."""
+        chosen = turn.placement.chosen if turn.placement is not None else None
+        if turn.mode == REMOTE_PREFILL and turn.prefill_ms is not None and chosen is not None and chosen.prefiller:
+            self.state.rates.observe_prefiller_call(chosen.prefiller_ms, turn.prefill_ms)
+
     def learn(self, turn: Turn) -> None:
-        """Feed the cost model's rates with what this turn showed (online_rates.py): P's call as a prefill; a
-        streamed turn D served alone (its TTFT) as one; what a PD turn's TTFT had beyond P's call as the hop."""
+        """Feed the cost model's rates with what this turn showed (online_rates.py), once it has ended: P's call as
+        a prefill where P ran it alone; a streamed turn D served alone (its TTFT) as one; what a PD turn's TTFT had
+        beyond P's call as the hop. (P's call against its price was learned when P answered.)"""
         n = len(turn.context.token_ids or ())
         if n < 2:
             return
@@ -121,17 +135,7 @@ class Decider:
         r = rates.rates
         block = aligned_block(self.state.kv_index.specs)
         ttft = (turn.first_byte - turn.decided) * 1000 if turn.first_byte is not None else None
-        if self.config.log_placement and turn.placement is not None and ttft is not None:
-            p_ms = f", P's call {turn.prefill_ms:.1f} ms" if turn.prefill_ms is not None else ""
-            predicted = turn.placement.chosen.ttft_ms
-            log.info(
-                "placement %s: TTFT %.1f ms (predicted %.1f), %s%s",
-                turn.headers["X-Request-Id"],
-                ttft,
-                predicted,
-                turn.mode,
-                p_ms,
-            )
+        chosen = turn.placement.chosen if turn.placement is not None else None
         if turn.mode == REMOTE_PREFILL and turn.prefill_ms is not None:
             end = prefill_stop(turn, n, block)
             p_hit = min(turn.prefill_hit or 0, end)
@@ -148,6 +152,9 @@ class Decider:
             hit = min(max(hit, 0), n - 1)
             steps = local_steps(n, hit, block, r.chunk_tokens)
             rates.observe_prefill(n - hit, hit, steps, ttft - steps * r.step_ms_per_seq * turn.streams)
+        if self.config.log_placement and chosen is not None and ttft is not None:
+            said = outcome(chosen, ttft, turn.mode, turn.prefill_ms, rates.prefiller_call_factor)
+            log.info("placement %s: %s", turn.headers["X-Request-Id"], said)
 
     def observe_step(self, turn: Turn, completion_tokens: int, ended: float) -> None:
         """A streamed answer of more than one token: its mean inter-token time as D's step at its batch."""
@@ -164,6 +171,18 @@ def prefill_stop(turn: Turn, n: int, block: int) -> int:
         return said
     stop = turn.placement.stop if turn.placement is not None else BOUNDARY
     return n - remote_tail(n, block, stop or BOUNDARY)
+
+
+def outcome(chosen: Option, ttft: float, mode: str, prefill_ms: float | None, factor: float) -> str:
+    """One line: a turn's TTFT against the chosen option's prediction, its mode, P's call against what the option
+    priced for it (before the factor), and the factor on P's call after the turn (benchmarks/gpu/placement_log.py
+    reads it)."""
+    line = f"TTFT {ttft:.1f} ms (predicted {chosen.ttft_ms:.1f}), {mode}"
+    if prefill_ms is not None:
+        line += f", P's call {prefill_ms:.1f} ms"
+        if chosen.prefiller is not None:
+            line += f" (priced {chosen.prefiller_ms:.1f})"
+    return line + f", P factor {factor:.3f}"
 
 
 def describe(placement: Placement, prompt_tokens: int) -> str:

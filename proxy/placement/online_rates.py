@@ -1,6 +1,6 @@
 """The placement model's rates, kept up to date from the proxy's own requests (cost_model.py holds the model).
 
-Three fits, each starting from the priors (cost_model.PRIORS, or a deployment's own) and moving with what the
+Four fits, each starting from the priors (cost_model.PRIORS, or a deployment's own) and moving with what the
 proxy sees of its requests, recent ones weighing more (forgetting factor `forget` per observation):
 
     prefill   recursive least squares over (engine steps, computed tokens, their mean context) -> ms, from
@@ -8,10 +8,31 @@ proxy sees of its requests, recent ones weighing more (forgetting factor `forget
               what D's streams added to its steps; D's reported hit where its answer carries it)
     hop       an average of what a PD turn's TTFT has beyond P's call, D's first step, the READ and the tail
     step      recursive least squares over (streams on D) -> the turn's mean inter-token time
+    P's call  the factor f (Rates.prefiller_call_factor) on a remote option's queue + prefill on P, from every
+              remote turn: its P call as measured over that part as the model priced it when it chose (before f)
 
 An observation more than `outlier` times its prediction either way (a first-shape compile, a stall) is clamped
 there, so one cannot drag a fit far. The snapshot (`rates`) keeps every term >= 0 and the per-token prefill rate
 at least the READ's per token: the premises of the model's monotone choice.
+
+Why f, and why so fitted. The prefill fit learns an engine's steps and tokens where P (or D) ran the prompt by
+itself; what P's queue and a busy P really cost is not in it. On one H200 whose P and D shared the GPU
+(benchmarks/results/2026-11-26-h200-qwen3next-placement) remote turns at c=8 took 1.48x their prediction, while
+turns D served alone took 1.01x: P's steps were slower than alone, and an engine step batches every queued
+prompt's chunks, so the requests of a burst finish together rather than one queue position after another. f
+takes that as one ratio: f = sum(w_i * r_i) / sum(w_i), r_i a remote turn's measured / priced P call, each clamped
+to [f / call_clamp, f * call_clamp] (a first-shape compile at 10x counts as 2x), weights w_i forgetting by
+`call_forget` per turn (about the last 10 turns), the neutral prior counting `call_prior` turns at the start so
+the first remote turn moves it by about a third (the hop's average moves 10% a turn: too slow for a 4-second
+burst; the decider feeds it as soon as P answers). Replayed on that run (tests/proxy/test_placement_replay.py),
+the remote turns' median measured / predicted TTFT goes from 1.61x to 1.13x, and from 1.49x to 1.04x over the
+turns decided after P had answered one. One ratio rather than a least squares over P's priced queue and prefill:
+within a burst the measured calls are flat where the priced ones grow with queue position, and a two-coefficient
+fit, tried in the same replay (learning at the turns' end: 1.13x where the ratio came to 1.21x), gained little
+for a second coefficient a burst's few turns barely determine. Where P ran a call alone, the prefill fit learns
+from it too; each r_i is against the price at the decision, without f, so as that fit moves the next ratios come
+back towards 1 and f with them. f stays within [CALL_FLOOR, CALL_CEILING]: P's part is never free, and a stuck P
+is the health checks' to find, not a factor's.
 """
 
 from __future__ import annotations
@@ -20,6 +41,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from .cost_model import PRIORS, Rates
+
+CALL_FLOOR, CALL_CEILING = 0.25, 8.0  # the factor on P's call stays within these
 
 
 class RLS:
@@ -62,10 +85,20 @@ class RLS:
 class OnlineRates:
     """Rates for cost_model.place, from priors and the proxy's observations (one event loop: no locks)."""
 
-    def __init__(self, prior: Rates = PRIORS, forget: float = 0.98, outlier: float = 4.0, hop_alpha: float = 0.1):
+    def __init__(
+        self,
+        prior: Rates = PRIORS,
+        forget: float = 0.98,
+        outlier: float = 4.0,
+        hop_alpha: float = 0.1,
+        call_forget: float = 0.9,
+        call_prior: float = 2.0,
+        call_clamp: float = 2.0,
+    ):
         self.prior = prior
         self.outlier = outlier
         self.hop_alpha = hop_alpha
+        self.call_forget, self.call_clamp = call_forget, call_clamp
         # prefill features: [steps, tokens / 1000, tokens * mean context / 1e6] -> ms
         p = prior
         self._prefill = RLS(
@@ -76,7 +109,10 @@ class OnlineRates:
         # decode step features: [1, streams - 1] -> ms
         self._step = RLS([p.step_ms, p.step_ms_per_seq], [max(p.step_ms, 5.0), 1.0], forget)
         self._hop = p.hop_ms
-        self.observations = {"prefill": 0, "hop": 0, "step": 0}
+        # P's call: forgetting sums of the clamped ratios and of their weights, the prior counting `call_prior`
+        self._call_weight = max(call_prior, 1e-9)
+        self._call_sum = p.prefiller_call_factor * self._call_weight
+        self.observations = {"prefill": 0, "hop": 0, "step": 0, "prefiller_call": 0}
         self._rates: Rates | None = prior
 
     # ---- observations -------------------------------------------------------------------------------------
@@ -106,6 +142,22 @@ class OnlineRates:
         self.observations["step"] += 1
         self._rates = None
 
+    def observe_prefiller_call(self, priced_ms: float, ms: float) -> None:
+        """A remote turn's call to P took `ms` (P's queue and prefill, as the proxy saw it) where the model had
+        priced that part of the option it chose at `priced_ms` (Option.prefiller_ms: before the factor)."""
+        if priced_ms <= 0 or ms <= 0:
+            return
+        factor = self.prefiller_call_factor
+        ratio = min(max(ms / priced_ms, factor / self.call_clamp), factor * self.call_clamp)
+        self._call_sum = self.call_forget * self._call_sum + ratio
+        self._call_weight = self.call_forget * self._call_weight + 1.0
+        self.observations["prefiller_call"] += 1
+        self._rates = None
+
+    @property
+    def prefiller_call_factor(self) -> float:
+        return min(max(self._call_sum / self._call_weight, CALL_FLOOR), CALL_CEILING)
+
     def _clamp(self, y: float, predicted: float) -> float:
         if predicted <= 0:
             return y
@@ -125,6 +177,7 @@ class OnlineRates:
                 hop_ms=self._hop,
                 step_ms=max(self._step.theta[0], 0.0),
                 step_ms_per_seq=max(self._step.theta[1], 0.0),
+                prefiller_call_factor=self.prefiller_call_factor,
             )
         return self._rates
 

@@ -3,9 +3,14 @@ the line is built here by the proxy's own `describe`, so a change of the format 
 
 from __future__ import annotations
 
-from benchmarks.gpu.placement_log import summary, table, turns
+from pathlib import Path
+
+from benchmarks.gpu.placement_log import proxy_lines, summary, table, turns
 from hybrid_pd.proxy.placement.cost_model import PRIORS, WorkerView, place
-from hybrid_pd.proxy.placement.decider import describe
+from hybrid_pd.proxy.placement.decider import describe, outcome
+
+H200_RUN = Path(__file__).parents[2] / "benchmarks/results/2026-11-26-h200-qwen3next-placement"
+H200_LOG = H200_RUN / "hybrid-pd-1p1d-logs.tar.gz"
 
 
 def test_the_reader_follows_the_proxys_lines():
@@ -25,3 +30,34 @@ def test_the_reader_follows_the_proxys_lines():
     assert len(p["options"]) == 3 and p["options"][2]["name"].endswith("@last")
     assert "| 8 | 6615 | 7 | last |" in table([d, p]) and table([d, p]).endswith("| 300.0 | 210.5 |")
     assert "| last | 1 | 2.00 | 300.0 |" in summary([d, p]) and "| D | 1 | 0.94 | 90.0 |" in summary([d, p])
+
+
+def test_the_reader_shows_p_s_call_as_predicted_and_the_factor_where_the_log_has_them():
+    """The outcome line (decider.outcome) carries what the option priced P's call at and the factor after the turn;
+    P's call as predicted is that price times the factor in force at the decision (the last logged before it)."""
+    busy = place(6615, WorkerView("d", 3808, load=7), [WorkerView("http://p:1", 4352)], PRIORS, aligned_block=544)
+    idle = place(6615, WorkerView("d", 3808), [WorkerView("http://p:1", 4352)], PRIORS, aligned_block=544)
+    head = "2026-11-26 04:09:08,685 INFO hybrid_pd.proxy: placement"
+    priced = busy.chosen.prefiller_ms
+    lines = [
+        f"{head} pd-30ed-7: {describe(busy, 6615)}",
+        f"{head} pd-30ed-7: {outcome(busy.chosen, 300.0, 'remote_prefill', 2 * priced, 1.5)}",
+        f"{head} pd-30ed-8: {describe(idle, 6615)}",
+        f"{head} pd-30ed-9: {describe(busy, 6615)}",
+        f"{head} pd-30ed-8: {outcome(idle.chosen, 90.0, 'local_prefill', None, 1.5)}",
+        f"{head} pd-30ed-9: {outcome(busy.chosen, 200.0, 'remote_prefill', 1.5 * priced, 1.5)}",
+    ]
+    first, d, second = turns(lines)
+    assert first["p_predicted"] == round(priced, 1) and first["factor"] == 1.5  # decided at the neutral factor
+    assert second["p_predicted"] == round(priced, 1) * 1.5 and "p_predicted" not in d and d["factor"] == 1.5
+    rows = table([first, d, second]).splitlines()
+    assert rows[0].endswith("| P's call | P's call predicted | factor after |") and rows[1].count("---") == 10
+    assert rows[3].endswith("| - | - | 1.500 |")
+    assert summary([first, d, second]).splitlines()[-1].endswith(" 1.50 |")  # median of 2.0 and 1.0
+
+
+def test_a_log_from_before_the_factor_reads_as_it_did():
+    rows = turns(proxy_lines(H200_LOG))
+    assert len(rows) == 56 and not any("factor" in r or "p_predicted" in r for r in rows)
+    assert table(rows).splitlines()[0].endswith("| P's call |")
+    assert summary(rows).splitlines()[-2:] == ["| D | 28 | 1.01 | 122.0 |", "| last | 28 | 1.48 | 380.8 |"]

@@ -42,6 +42,7 @@ def rates(draw: st.DrawFn) -> Rates:
         step_ms=draw(st.floats(0, 50)),
         step_ms_per_seq=draw(st.floats(0, 5)),
         chunk_tokens=draw(st.sampled_from([256, 2048, 8192, 1 << 20])),
+        prefiller_call_factor=draw(st.sampled_from([1.0, 0.0]) | st.floats(0.25, 8)),  # learned online
     )
 
 
@@ -189,6 +190,20 @@ def test_a_prefillers_queue_is_steps_of_batched_chunks():
     assert queue_ms(PRIORS, 16000, 8) == 2 * PRIORS.prefill_step_ms + 16000 * PRIORS.prefill_ms_per_token
     assert queue_ms(PRIORS, 0, 3) == PRIORS.prefill_step_ms
     assert queue_ms(PRIORS, 0, 0) == 0
+
+
+def test_the_factor_on_p_s_call_scales_p_s_part_of_each_remote_option_and_nothing_else():
+    """f (OnlineRates' fit of P's call under load) multiplies each remote option's queue + prefill on P, which the
+    option keeps before f (prefiller_ms: what the fit compares P's measured call with); D alone, the hop, the READ
+    and D's steps are as they were."""
+    d, ps = WorkerView("d", 3808, load=7), [WorkerView("p", 2176, load=3, queued_tokens=6000)]
+    base = place(9181, d, ps, PRIORS, aligned_block=544)
+    loaded = place(9181, d, ps, dataclasses.replace(PRIORS, prefiller_call_factor=1.5), aligned_block=544)
+    assert loaded.options[0] == base.options[0] and base.options[0].prefiller_ms == 0
+    for b, o in zip(base.options[1:], loaded.options[1:]):
+        assert o.prefiller_ms == b.prefiller_ms > queue_ms(PRIORS, 6000, 3)
+        assert o.ttft_ms == pytest.approx(b.ttft_ms + 0.5 * b.prefiller_ms)
+        assert (o.stall_ms, o.gap_ms, o.read_mb) == (b.stall_ms, b.gap_ms, b.read_mb)
 
 
 def test_priors_read_as_the_gpu_runs_did():

@@ -5,6 +5,7 @@ deciders misroute hybrid turns (counted per policy), usage carries the billing s
 from __future__ import annotations
 
 import logging
+import re
 
 import aiohttp
 
@@ -101,6 +102,7 @@ def test_the_rates_learn_from_streamed_turns():
                     await r.read()
             rates = proxy.state.rates
             assert rates.observations["prefill"] == 3 and rates.observations["step"] == 3
+            assert rates.observations["prefiller_call"] == 0 and rates.rates.prefiller_call_factor == 1.0  # D alone
             # the fake answers in well under a millisecond: the fits move towards it from the GPU priors
             assert rates.rates.prefill_step_ms < PRIORS.prefill_step_ms and rates.rates.step_ms < PRIORS.step_ms
             m = proxy.state.metrics.render().decode()
@@ -133,13 +135,21 @@ def test_a_busy_decoder_has_the_prefiller_compute_to_n_minus_1(caplog):
         async with kv_cluster(log_placement=True) as (proxy, p, d1, d2, pubs):
             for w in proxy.state.pool.all("decode"):
                 w.engine = EngineLoad(running=streams, waiting=0)
-            status, out = await post(proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
-            assert status == 200 and out["choices"][0]["text"] == "Hello"
-            return [c.body["kv_transfer_params"] for c in p.generate_calls]
+            async with aiohttp.ClientSession() as s:
+                streamed = {"prompt": PROMPT, "max_tokens": 3, "stream": True}
+                r = await s.post(proxy.url + "/v1/completions", json=streamed)
+                assert r.status == 200 and "[DONE]" in await r.text()
+            calls = proxy.state.rates.observations["prefiller_call"]
+            return [c.body["kv_transfer_params"] for c in p.generate_calls], calls, proxy.state.rates.rates
 
     caplog.set_level(logging.INFO, logger="hybrid_pd.proxy")
-    assert run(body(0)) == []
-    (params,) = run(body(7))
+    assert run(body(0))[:2] == ([], 0)
+    (params,), calls, rates = run(body(7))
     assert params[PREFILL_STOP] == STOP_LAST and params["do_remote_decode"] is True
+    # the fake P answers in a few ms where the priors price 2 steps of a GPU engine: the factor on P's call drops
+    assert calls == 1 and rates.prefiller_call_factor < 1.0
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("placement ")]
-    assert len(said) == 2 and "-> D (local_fastest)" in said[0] and "@last (remote_fastest)" in said[1]
+    assert len(said) == 4 and "-> D (local_fastest)" in said[0] and "@last (remote_fastest)" in said[2]
+    assert "local_prefill, P factor 1.000" in said[1]
+    assert "remote_prefill, P's call " in said[3] and f"P factor {rates.prefiller_call_factor:.3f}" in said[3]
+    assert re.search(r"P's call [\d.]+ ms \(priced [\d.]+\)", said[3])
