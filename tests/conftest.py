@@ -102,7 +102,7 @@ def pytest_terminal_summary(terminalreporter, config):
     """Every engine the pool started (module, seconds to healthy); the largest |top-1 log-probability delta| of each
     output comparison against one engine this session, and how far each negative control moved the answer."""
     from tests.support.controls import MOVES
-    from tests.support.conversation import LOGPROB_TOL, PARITY
+    from tests.support.conversation import PARITY, tolerance
 
     pool = config.stash.get(POOL, None)
     if pool and pool.starts:
@@ -112,7 +112,7 @@ def pytest_terminal_summary(terminalreporter, config):
             terminalreporter.write_line(f"{seconds:6.1f} s  {owner}: {name}")
 
     if PARITY:
-        terminalreporter.write_sep("-", f"log-probability parity (tolerance {LOGPROB_TOL} nats)")
+        terminalreporter.write_sep("-", f"log-probability parity (tolerance {tolerance():.4f} nats)")
         for label, delta in sorted(PARITY.items()):
             terminalreporter.write_line(f"{delta:9.5f}  {label}")
     if MOVES:

@@ -20,7 +20,7 @@ import pytest
 from tests.support import controls
 from tests.support.conversation import (ANSWER_TOKENS, assert_same_greedy, cached, colocated_pass, complete,
                                         decided_tokens, greedy_reference, logprob_delta, text_of, tokenize)
-from tests.support.conversation import LOGPROB_FLOOR, LOGPROB_TOL, PARITY
+from tests.support.conversation import LOGPROB_FLOOR, PARITY, note_noise_floor, tolerance
 from tests.support.engines import d_metrics, delta, pd_complete
 from tests.support.procs import free_port
 from tests.support.tiny_layout import BS, MAMBA_LAYERS, STATE, minimal_bytes
@@ -97,15 +97,15 @@ def test_prefiller_with_other_weights_changes_the_output(engines, reference):
     assert d_resp["choices"][0]["text"] != reference["other"]
     moved = logprob_delta(reference["other_greedy"]._replace(decided=1), d_resp)  # the first token: same prefix
     PARITY["negative control: P with other weights (first token)"] = moved
-    assert moved > LOGPROB_TOL, moved
+    assert moved > tolerance(), moved
 
 
 def test_one_engines_own_noise_floor(engines, reference):
     """The same prompts again on the reference engine, now after their prefix hit (other chunk shapes, other
-    kernels): the spread LOGPROB_TOL is built from. Every comparison with one engine allows LOGPROB_MARGIN
+    kernels): the spread tolerance() is built from. Every comparison with one engine allows LOGPROB_MARGIN
     times it."""
     for n, floor in reference["noise_floor"].items():
-        PARITY[f"noise floor: one engine, {n} words again"] = floor
+        note_noise_floor(f"one engine, {n} words again", floor)
         assert floor <= LOGPROB_FLOOR, (n, floor)
 
 
@@ -342,7 +342,7 @@ def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(engines, refe
     controls.report("qwen3_next", moved)
     if control == "healthy":
         PARITY["qwen3_next: decoder-alone turn, control prompt"] = moved.top1_delta
-        assert moved.same_greedy and moved.top1_delta <= LOGPROB_TOL, moved
+        assert moved.same_greedy and moved.top1_delta <= tolerance(), moved
     elif control == "attention wrong":
         controls.expect_attention_control("qwen3_next", moved)
     else:

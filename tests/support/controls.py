@@ -30,7 +30,6 @@ import pytest
 
 from tests.support.conversation import (
     ANSWER_TOKENS,
-    LOGPROB_TOL,
     Greedy,
     cached,
     complete,
@@ -38,6 +37,7 @@ from tests.support.conversation import (
     logprob_delta,
     text_of,
     tokenize,
+    tolerance,
 )
 from tests.support.engines import d_metrics, delta
 
@@ -161,6 +161,6 @@ def expect_attention_control(family: str, moved: Moved) -> None:
 def assert_moved(moved: Moved) -> None:
     """A control must move the answer beyond the tolerance (a control that does not is a failure, not a skip);
     one whose state is wrong, by more than 1 nat at most positions."""
-    assert max(map(abs, moved.reference_token)) > LOGPROB_TOL, f"{moved.label}: the answer did not move: {moved}"
+    assert max(map(abs, moved.reference_token)) > tolerance(), f"{moved.label}: the answer did not move: {moved}"
     if moved.label in STATE_KINDS:
         assert moved.over_one_nat > len(moved.reference_token) // 2, f"{moved.label}: moved too little: {moved}"

@@ -70,6 +70,26 @@ MIN_DECIDED = 0.9
 LOGPROB_FLOOR = 0.011
 LOGPROB_MARGIN = 2.0
 LOGPROB_TOL = LOGPROB_FLOOR * LOGPROB_MARGIN
+# One engine's own spread where the tests run (note_noise_floor, measured by the fixtures that hold a plain engine:
+# the same prompt again after its prefix hit): on a GPU, kernels and batch shapes that differ between two runs of
+# one engine may spread more than the CPU's 0.0 (vLLM 0.33 on one H200, 2026-11-26: at most 0.0003 over the PD
+# and decoder-alone paths of Qwen3.5 and Nemotron-H). Every comparison then allows LOGPROB_MARGIN times the larger
+# of LOGPROB_FLOOR and the largest spread measured; a spread above NOISE_CAP is a broken engine, not a floor.
+NOISE: dict[str, float] = {}
+NOISE_CAP = 0.1
+
+
+def note_noise_floor(label: str, spread: float) -> None:
+    """One engine's own spread (|top-1 delta| between two runs of a prompt), measured: it widens tolerance()."""
+    assert spread <= NOISE_CAP, f"{label}: one engine disagrees with itself by {spread:.4f} nats (> {NOISE_CAP})"
+    NOISE[label] = spread
+    PARITY[f"noise floor: {label}"] = spread
+
+
+def tolerance() -> float:
+    """How far a healthy path may move a top-1 log-probability from one engine's: LOGPROB_MARGIN times the larger
+    of LOGPROB_FLOOR and the noise floors measured so far."""
+    return LOGPROB_MARGIN * max([LOGPROB_FLOOR, *NOISE.values()])
 
 
 def greedy_reference(url: str, prompt: str | list[int], max_tokens: int = 12) -> tuple[list[str], int]:
@@ -112,7 +132,7 @@ def logprob_delta(reference: Greedy, response: dict) -> float:
 
 def assert_same_greedy(reference: Greedy, response: dict, label: str = "") -> int:
     """The response (asked with logprobs >= 1) agrees with the reference on every decided token, each of
-    their top-1 log-probabilities within LOGPROB_TOL of the reference's, and at least MIN_DECIDED of the
+    their top-1 log-probabilities within tolerance() of the reference's, and at least MIN_DECIDED of the
     reference's tokens are decided. Returns how many tokens were compared."""
     tokens, decided = reference.tokens, reference.decided
     got = response["choices"][0]["logprobs"]["tokens"]
@@ -121,5 +141,6 @@ def assert_same_greedy(reference: Greedy, response: dict, label: str = "") -> in
     delta = logprob_delta(reference, response)
     if label:
         PARITY[label] = max(PARITY.get(label, 0.0), delta)
-    assert delta <= LOGPROB_TOL, f"{label}: top-1 log-probability off by {delta:.4f} nats (> {LOGPROB_TOL})"
+    tol = tolerance()
+    assert delta <= tol, f"{label}: top-1 log-probability off by {delta:.4f} nats (> {tol})"
     return decided

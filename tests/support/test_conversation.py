@@ -1,0 +1,54 @@
+"""The output checks' own arithmetic (tests/support/conversation.py, controls.py), without engines."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import controls, conversation
+from tests.support.conversation import LOGPROB_FLOOR, LOGPROB_MARGIN, Greedy, assert_same_greedy
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.setattr(conversation, "NOISE", {})
+    monkeypatch.setattr(conversation, "PARITY", {})
+
+
+def response(tokens: list[str], logprobs: list[float]) -> dict:
+    return {"choices": [{"logprobs": {"tokens": tokens, "token_logprobs": logprobs}}]}
+
+
+def test_tolerance_is_the_margin_times_the_larger_floor():
+    assert conversation.tolerance() == pytest.approx(LOGPROB_MARGIN * LOGPROB_FLOOR)
+    conversation.note_noise_floor("a GPU", 0.0003)  # below the CPU's floor: the CPU's stands
+    assert conversation.tolerance() == pytest.approx(LOGPROB_MARGIN * LOGPROB_FLOOR)
+    conversation.note_noise_floor("a noisier GPU", 0.03)
+    assert conversation.tolerance() == pytest.approx(LOGPROB_MARGIN * 0.03)
+    assert conversation.PARITY["noise floor: a noisier GPU"] == 0.03
+
+
+def test_a_spread_past_the_cap_is_a_broken_engine_not_a_floor():
+    with pytest.raises(AssertionError, match="disagrees with itself"):
+        conversation.note_noise_floor("broken", conversation.NOISE_CAP * 2)
+    assert conversation.tolerance() == pytest.approx(LOGPROB_MARGIN * LOGPROB_FLOOR)
+
+
+def test_a_comparison_passes_within_the_measured_floor_and_fails_past_it():
+    ref = Greedy(["a", "b"], 2, [-0.1, -0.2])
+    off = response(["a", "b"], [-0.1, -0.2 - 0.03])  # 0.03 nats: past the CPU's 0.022
+    with pytest.raises(AssertionError, match="off by 0.0300"):
+        assert_same_greedy(ref, off, "path")
+    conversation.note_noise_floor("a GPU", 0.02)  # 0.04 allowed now
+    assert assert_same_greedy(ref, off, "path") == 2
+
+
+def test_the_attention_control_is_strict_for_families_that_do_not_read_attention():
+    moved = controls.Moved("attention wrong", 0.5, [2.0, 2.0], 320, False)
+    with pytest.raises(pytest.fail.Exception, match="add it to READS_ATTENTION"):
+        controls.expect_attention_control("qwen3_next", moved)  # it moved: the expectation is stale
+    controls.expect_attention_control("granite_moe_hybrid", moved)  # a control that moved: passes
+    still = controls.Moved("attention wrong", 0.001, [0.001, 0.0], 320, True)
+    with pytest.raises(pytest.xfail.Exception):
+        controls.expect_attention_control("qwen3_next", still)
+    with pytest.raises(AssertionError, match="did not move"):
+        controls.expect_attention_control("granite_moe_hybrid", still)
