@@ -180,9 +180,10 @@ class Workers:
         log(f"{proc.name} healthy after {self.start_s[name]} s, ready {warm:.1f} s later; {said[-1] if said else ''}")
         return proc
 
-    def proxy(self, prefill: list[Launched], decode: Launched, extra: tuple[str, ...] = ()) -> Launched:
+    def proxy(self, prefill: list[Launched], decode: Launched, extra: tuple[str, ...] = (), name: str = "proxy"
+              ) -> Launched:
         """Our proxy in front of the workers, routing on their KV events (kv_hit, then the least loaded), logging
-        each turn's placement; `extra`: more proxy flags (e.g. another --pd-policy)."""
+        each turn's placement; `extra`: more proxy flags (e.g. another --pd-policy); `name`: its log's."""
         port = free_port()
         argv = [HYBRID_PD, "proxy", "--port", str(port), "--decode", decode.url,
                 "--decode-policy", "kv_hit=2,least_loaded", "--prefill-policy", "kv_hit=2,least_loaded",
@@ -190,7 +191,7 @@ class Workers:
         for p in prefill:
             argv += ["--prefill", p.url, "--prefill-events", events_url(p)]
         argv += ["--decode-events", events_url(decode)]
-        proc = Launched(self.prefix + "proxy", argv, f"http://127.0.0.1:{port}", self.logs)
+        proc = Launched(self.prefix + name, argv, f"http://127.0.0.1:{port}", self.logs)
         self.procs.append(proc)
         proc.wait_healthy(150)  # ready once its tokenizer loads (proxy/background.py: 120 s at most)
         return proc
@@ -255,6 +256,17 @@ class Setup:
         self.flow = "toy" if self.name == "upstream" and self.upstream_flow == "toy" else "proxy"
         if self.flow == "proxy":
             self.front = w.proxy(self.prefillers, self.decoder, self.proxy_args)
+
+    def restart_proxy(self, extra: tuple[str, ...], name: str) -> None:
+        """Our proxy again, with `extra` flags after the set-up's own (a peer's --pd-policy), in front of the same
+        engines: the one before stops first (its log stays). Its KV index starts empty; the engines keep their
+        caches, so a variant's workload needs prompts of its own."""
+        if self.flow != "proxy" or self.decoder is None:
+            raise SystemExit(f"{self.name}: no proxy of ours to restart")
+        if self.front is not None:
+            self.front.stop()
+            self.workers.procs.remove(self.front)
+        self.front = self.workers.proxy(self.prefillers, self.decoder, self.proxy_args + extra, name)
 
     @property
     def metric_urls(self) -> dict[str, str]:

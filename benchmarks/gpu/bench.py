@@ -231,6 +231,61 @@ def record(result: dict, run: dict, reqs: list[Request], block: int, tag: dict) 
         + (f", sends late by at most {max(late) * 1e3:.1f} ms" if late else ""))
 
 
+def write_part(path: Path, result: dict) -> None:
+    path.write_text(json.dumps(result, indent=1))
+
+
+def matrix(setup: Setup, tokens: Tokens, args: argparse.Namespace, block: int, result: dict, save, salt: int = 0
+           ) -> None:
+    """The workloads of the command line, each run recorded into `result` (saved after each); `salt`: other
+    prompts of the same shapes (a proxy variant on engines that cached the first ones)."""
+    kinds = args.workloads.split(",")
+    for length in map(int, args.lengths.split(",")):
+        for kind in (k for k in kinds if k != "trace"):
+            for conc in map(int, args.concurrency.split(",")):
+                if kind == "insert_middle" and conc > 1:
+                    continue  # one document, edited in order
+                # the same prompts whatever subset of the matrix a call runs (runs 2026-11-23 used a counter)
+                seed = 1000 + 97 * WORKLOADS.index(kind) + length % 9973 + 31 * conc + 7919 * salt
+                if time.monotonic() - T0 > args.deadline_s:
+                    result["errors"].append(f"deadline: skipped {kind} {length} c={conc}")
+                    continue
+                reqs = workload(kind, tokens, length, conc, seed)
+                tag = {"workload": kind, "length": length, "concurrency": conc}
+                record(result, run_requests(setup, reqs, conc, args.max_tokens, tag), reqs, block, tag)
+                save()
+    if "trace" in kinds:
+        trace = trace_of(args.trace, args.trace_block)
+        modes = [(int(c), 0.0) for c in filter(None, args.concurrency.split(","))]
+        modes += [(0, float(r)) for r in filter(None, args.rate.split(","))]
+        for i, (conc, rate) in enumerate(modes):  # other tokens each time: no hit on an earlier replay
+            reqs = to_requests(trace, tokens, args.trace_block, i + 100 * salt)
+            length = round(statistics.fmean(len(r.token_ids) for r in reqs))  # the rows' `length`: mean prompt
+            tag = {"workload": f"trace@{rate:g}/s" if rate else "trace", "length": length, "concurrency": conc}
+            if time.monotonic() - T0 > args.deadline_s:
+                result["errors"].append(f"deadline: skipped {tag}")
+                continue
+            record(result, run_requests(setup, reqs, conc, args.max_tokens, tag, rate), reqs, block, tag)
+            save()
+
+
+def run_variants(setup: Setup, tokens: Tokens, args: argparse.Namespace, block: int, result: dict, name: str
+                 ) -> list[Path]:
+    """Each of --proxy-variants after the set-up's own workloads: a fresh proxy with the variant's flags in front
+    of the same engines, the same workloads with prompts of their own (salted: the engines cached the first
+    ones), into part-NAME-<the variant's last word>.json, a set-up of its own for merge.py."""
+    parts = []
+    for i, variant in enumerate(filter(None, args.proxy_variants.split(";")), 1):
+        slug = re.sub(r"[^a-z0-9]+", "-", variant.split()[-1].lower()).strip("-")
+        parts.append(args.out / f"part-{name}-{slug}.json")
+        vresult = dict(result, tag=f"{args.tag}-{slug}", runs=[], errors=[],
+                       args=dict(result["args"], proxy_args=f"{args.proxy_args} {variant}".strip()))
+        setup.restart_proxy(tuple(shlex.split(variant)), f"proxy-{slug}")
+        log(f"proxy variant {slug}: {variant}")
+        matrix(setup, tokens, args, block, vresult, functools.partial(write_part, parts[-1], vresult), i)
+    return parts
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setup", required=True, choices=["colocated", "upstream", "hybrid-pd-1p1d"])
@@ -250,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--upstream-flow", choices=["toy", "proxy"], default="toy")
     ap.add_argument("--vllm-args", default="", help="more vLLM flags for every engine, e.g. '--jit-monitor-verbose' "
                     "(vLLM >= 0.32: every kernel compiled while serving, not only each kernel's first)")
+    ap.add_argument("--proxy-variants", default="", help="';'-separated proxy flags, each run after the set-up's "
+                    "workloads on the same engines with a fresh proxy and prompts of their own (e.g. '--pd-policy "
+                    "isl-bounding;--pd-policy non-cached-tokens'): part-SETUP-<last word>.json each")
     ap.add_argument("--proxy-args", default="", help="more flags for our proxy, e.g. '--pd-policy always-remote'")
     ap.add_argument("--probe-length", type=int, default=8192)
     ap.add_argument("--warmup-lengths", default="",
@@ -270,8 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"setup": args.setup, "tag": args.tag, "args": {k: str(v) for k, v in vars(args).items()},
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": [], "probe": [], "errors": []}
 
-    def save():
-        part.write_text(json.dumps(result, indent=1))
+    save = functools.partial(write_part, part, result)
 
     gpus = dataclasses.replace(Gpus.from_args(args), vllm_extra=tuple(shlex.split(args.vllm_args)))
     setup = Setup(args.setup, gpus, logs, upstream_flow=args.upstream_flow,
@@ -304,34 +361,8 @@ def main(argv: list[str] | None = None) -> int:
             warm = agentic(tokens, max(64, int(length / 3.45)), sessions=2, turns=3, seed=900 + length % 97)
             run_requests(setup, warm, 2, 8, {"workload": "warmup"})  # untimed: compiles this length's shapes
             log(f"warm-up at {length} tokens done")
-        kinds = args.workloads.split(",")
-        for length in map(int, args.lengths.split(",")):
-            for kind in (k for k in kinds if k != "trace"):
-                for conc in map(int, args.concurrency.split(",")):
-                    if kind == "insert_middle" and conc > 1:
-                        continue  # one document, edited in order
-                    # the same prompts whatever subset of the matrix a call runs (runs 2026-11-23 used a counter)
-                    seed = 1000 + 97 * WORKLOADS.index(kind) + length % 9973 + 31 * conc
-                    if time.monotonic() - T0 > args.deadline_s:
-                        result["errors"].append(f"deadline: skipped {kind} {length} c={conc}")
-                        continue
-                    reqs = workload(kind, tokens, length, conc, seed)
-                    tag = {"workload": kind, "length": length, "concurrency": conc}
-                    record(result, run_requests(setup, reqs, conc, args.max_tokens, tag), reqs, block, tag)
-                    save()
-        if "trace" in kinds:
-            trace = trace_of(args.trace, args.trace_block)
-            modes = [(int(c), 0.0) for c in filter(None, args.concurrency.split(","))]
-            modes += [(0, float(r)) for r in filter(None, args.rate.split(","))]
-            for salt, (conc, rate) in enumerate(modes):  # other tokens each time: no hit on an earlier replay
-                reqs = to_requests(trace, tokens, args.trace_block, salt)
-                length = round(statistics.fmean(len(r.token_ids) for r in reqs))  # the rows' `length`: mean prompt
-                tag = {"workload": f"trace@{rate:g}/s" if rate else "trace", "length": length, "concurrency": conc}
-                if time.monotonic() - T0 > args.deadline_s:
-                    result["errors"].append(f"deadline: skipped {tag}")
-                    continue
-                record(result, run_requests(setup, reqs, conc, args.max_tokens, tag, rate), reqs, block, tag)
-                save()
+        matrix(setup, tokens, args, block, result, save)
+        run_variants(setup, tokens, args, block, result, name)
     except Exception:
         result["errors"].append(traceback.format_exc())
         log(traceback.format_exc())

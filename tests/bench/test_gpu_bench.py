@@ -245,3 +245,39 @@ def test_packed_logs_keep_every_turns_load_and_placement_lines(tmp_path):
         text = f.read().decode()
     assert all(f"cmpl-pd-x-{i}-0: load" in text and f"placement pd-x-{i}:" in text for i in range(1500))
     assert text.count("POST /v1/completions") <= 200  # the tail's; the rest is left out
+
+
+def test_proxy_variants_run_on_the_same_engines_with_prompts_of_their_own(bench, tokens, tmp_path):
+    """--proxy-variants: after the set-up's workloads, each variant gets a fresh proxy with its flags (the engines
+    stay) and the same workloads with other prompts (the engines cached the first ones): a part of its own."""
+    import argparse
+
+    class FakeProxySetup(FakeSetup):
+        def __init__(self):
+            super().__init__()
+            self.restarts: list[tuple[tuple[str, ...], str]] = []
+
+        def restart_proxy(self, extra, name):
+            self.restarts.append((extra, name))
+
+    args = argparse.Namespace(workloads="agentic", lengths="2048", concurrency="1", trace="", rate="", deadline_s=1e9,
+                              max_tokens=2, out=tmp_path, tag="", proxy_args="--log-placement",
+                              proxy_variants="--pd-policy isl-bounding;--pd-policy non-cached-tokens")
+    fake = FakeProxySetup()
+    result = {"setup": "hybrid-pd-1p1d", "tag": "", "args": {"proxy_args": "--log-placement"}, "probe": [],
+              "errors": [], "block": 128, "runs": []}
+    bench.matrix(fake, tokens, args, 128, result, lambda: None)
+    first = [tuple(b["prompt"][:128]) for b in fake.bodies]
+    parts = bench.run_variants(fake, tokens, args, 128, result, "hybrid-pd-1p1d")
+    assert [p.name for p in parts] == ["part-hybrid-pd-1p1d-isl-bounding.json",
+                                       "part-hybrid-pd-1p1d-non-cached-tokens.json"]
+    assert fake.restarts == [(("--pd-policy", "isl-bounding"), "proxy-isl-bounding"),
+                             (("--pd-policy", "non-cached-tokens"), "proxy-non-cached-tokens")]
+    saved = [json.loads(p.read_text()) for p in parts]
+    assert [s["tag"] for s in saved] == ["-isl-bounding", "-non-cached-tokens"]
+    assert saved[0]["args"]["proxy_args"] == "--log-placement --pd-policy isl-bounding"
+    assert all(len(s["runs"]) == 1 and len(s["runs"][0]["rows"]) == len(first) for s in saved)
+    later = [tuple(b["prompt"][:128]) for b in fake.bodies[len(first):]]
+    assert len(later) == 2 * len(first) and not set(later) & set(first)  # no first block in common: no hit
+    assert not set(later[: len(first)]) & set(later[len(first):])
+    assert len(result["runs"]) == 1  # the variants record into parts of their own

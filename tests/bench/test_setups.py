@@ -133,3 +133,24 @@ def test_toy_flow_sends_p_then_d_and_reports_p_hit(tmp_path: Path):
     finally:
         p.shutdown()
         d.shutdown()
+
+
+def test_restart_proxy_stops_the_last_and_starts_one_with_the_variants_flags(tmp_path: Path, monkeypatch):
+    setup = Setup("hybrid-pd-1p1d", CpuBed("/m"), tmp_path, proxy_args=("--log-placement",))
+    stopped: list[str] = []
+    started: list[tuple] = []
+
+    def proxy(prefill, decode, extra=(), name="proxy"):
+        front = SimpleNamespace(name=name, stop=lambda: stopped.append(name))
+        setup.workers.procs.append(front)
+        started.append((tuple(p.url for p in prefill), decode.url, extra, name))
+        return front
+
+    monkeypatch.setattr(setup.workers, "proxy", proxy)
+    setup.prefillers, setup.decoder, setup.flow = [SimpleNamespace(url="p")], SimpleNamespace(url="d"), "proxy"
+    setup.front = proxy(setup.prefillers, setup.decoder, setup.proxy_args)
+    setup.restart_proxy(("--pd-policy", "isl-bounding"), "proxy-isl-bounding")
+    assert stopped == ["proxy"] and [f.name for f in setup.workers.procs] == ["proxy-isl-bounding"]
+    assert started[-1] == (("p",), "d", ("--log-placement", "--pd-policy", "isl-bounding"), "proxy-isl-bounding")
+    with pytest.raises(SystemExit, match="no proxy of ours"):
+        Setup("colocated", CpuBed("/m"), tmp_path).restart_proxy((), "proxy-x")
