@@ -37,6 +37,7 @@ from tests.support.conversation import (
     tolerance,
 )
 from tests.support.engines import Engines, d_metrics, delta, pd_complete
+from tests.support.procs import free_port
 
 pytestmark = pytest.mark.engines
 
@@ -78,11 +79,12 @@ def family(request, engine_set):
     prompt, ids = (tokenize(ref, text_of(n, salt))[:n] for salt in (1, 3))
     # the negative control: 300 tokens through the N-1 prefiller, so that D computes only the last one (the
     # tiny models look back three words: a longer tail computed on D would hide what P sent)
-    other, fresh = (tokenize(ref, text_of(300, salt))[:300] for salt in (2, 5))
+    other, fresh, failed = (tokenize(ref, text_of(300, salt))[:300] for salt in (2, 5, 6))
     first = complete(ref, ids, ANSWER_TOKENS, return_token_ids=True)["choices"][0]["token_ids"]
     nxt = ids + first + tokenize(ref, " " + text_of(100, 4))
     answer = complete(ref, nxt, ANSWER_TOKENS, logprobs=2)
     refs = {"pd": greedy_reference(ref, prompt), "fresh_ref": greedy_reference(ref, fresh),
+            "failed": failed, "failed_ref": greedy_reference(ref, failed),
             "controls": controls.references(ref, n)}
     # this engine's own spread here (the GPU's differs from the CPU's): the PD prompt again, after its prefix hit
     again = complete(ref, prompt, len(refs["pd"].tokens), logprobs=2)
@@ -140,6 +142,18 @@ def test_next_turn_straight_to_decoder_hits_the_boundary_p_computed_and_answers_
     print(f"\n{family['name']}: block {family['block']}, D resumes at {boundary}; next turn on D: {cached(resp)} "
           f"cached (one engine: {family['next_cached']}), {compared} of {ANSWER_TOKENS} decided tokens equal")
     assert cached(resp) >= boundary and cached(resp) >= family["next_cached"]
+
+
+def test_a_failed_load_is_computed_on_the_decoder_and_answers_as_one_engine(family):
+    """P's params point D at a side channel where nobody answers, with no handshake: the READ never happens, D
+    computes the prompt itself and answers as one engine, by log-probability at every decided position."""
+    urls = family["engines"].up("p", "d")
+    p_resp = complete(urls["p"], family["failed"], max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    params = {**p_resp["kv_transfer_params"], "remote_port": free_port(), "handshakes": []}
+    before = d_metrics(urls["d"])
+    d_resp = complete(urls["d"], family["failed"], kv_transfer_params=params, logprobs=2)
+    assert delta(before, d_metrics(urls["d"]))["hybrid_pd_failed_transfers_total"] == 1
+    assert_same_greedy(family["failed_ref"], d_resp, f"{family['name']}: failed-load fallback")
 
 
 @pytest.mark.parametrize("control", controls.KINDS)
