@@ -54,22 +54,24 @@ async def load_tokenizer(state: ProxyState) -> None:
 
 async def _load_tokenizer(state: ProxyState) -> None:
     source: str | None = state.config.kv.tokenizer
+    cached_only = False
     if source == "auto":
         while (source := await model_folder(state)) is None:
             await asyncio.sleep(MODEL_FOLDER_RETRY_S)
-        if not os.path.isdir(source):
-            log.warning(
-                "the model folder the workers name (%s) is not on this machine: prompts are tokenized "
-                "through the workers' /tokenize (--tokenizer names a local copy)",
-                source,
-            )
-            return
+        # a folder on this machine, or a Hugging Face id the workers downloaded into a cache this machine reads
+        # (the Kubernetes proxy mounts the workers' model volume read-only, HF_HOME on it): never a download
+        cached_only = not os.path.isdir(source)
     assert source is not None
     try:
-        state.tokenizer = await asyncio.to_thread(LocalTokenizer.load, source)
+        state.tokenizer = await asyncio.to_thread(LocalTokenizer.load, source, cached_only)
     except Exception as e:  # whatever transformers raises for a folder or id it cannot load
+        where = " (neither a folder nor an id in this machine's Hugging Face cache)" if cached_only else ""
         log.warning(
-            "the tokenizer %s did not load (%r): prompts are tokenized through the workers' /tokenize", source, e
+            "the tokenizer %s did not load%s (%r): prompts are tokenized through the workers' /tokenize "
+            "(--tokenizer names a local copy)",
+            source,
+            where,
+            e,
         )
         return
     state.metrics.tokenizer_local.set(1)

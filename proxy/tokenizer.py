@@ -64,11 +64,12 @@ class LocalTokenizer:
             )
 
     @classmethod
-    def load(cls, source: str) -> LocalTokenizer:
-        """The tokenizer of the model folder (or Hugging Face id) `source`; raises what transformers raises."""
+    def load(cls, source: str, local_only: bool = False) -> LocalTokenizer:
+        """The tokenizer of the model folder (or Hugging Face id) `source`; raises what transformers raises.
+        `local_only`: an id is read from the Hugging Face cache on this machine (HF_HOME), never downloaded."""
         from transformers import AutoTokenizer  # seconds to import: only a proxy that tokenizes pays it
 
-        return cls(AutoTokenizer.from_pretrained(source), source)
+        return cls(AutoTokenizer.from_pretrained(source, local_files_only=local_only), source)
 
     def tokens(self, request: OpenAIRequest) -> list[int] | None:
         body = request.body

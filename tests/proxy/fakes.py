@@ -39,6 +39,7 @@ class FakeWorker:
     return_ktp: bool = True  # a prefiller returns kv_transfer_params
     extra_ktp: dict[str, Any] = field(default_factory=dict)  # added to a prefiller's kv_transfer_params
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens this worker reports
+    model_root: str = "fake-model"  # what /v1/models names as the model's id and root (a folder or a Hub id)
     healthy: bool = True
     chunks: tuple[str, ...] = ("Hel", "lo")
     seen: list[Seen] = field(default_factory=list)
@@ -88,8 +89,9 @@ class FakeWorker:
 
     async def _models(self, request: web.Request) -> web.Response:
         self.seen.append(Seen(request.path, {}, request.headers.copy()))
-        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model",
-                                                              "created": 0, "owned_by": self.role}]})
+        return web.json_response({"object": "list", "data": [{"id": self.model_root, "root": self.model_root,
+                                                              "object": "model", "created": 0,
+                                                              "owned_by": self.role}]})
 
     async def _tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -208,8 +210,9 @@ class Cluster:
 async def cluster(n_prefill: int = 1, n_decode: int = 1, **options: Any) -> AsyncIterator[Cluster]:
     """Fake workers plus a proxy in front of them (health checks and load reads off unless `health_interval` or
     `load_interval` is given: tests count the proxy's connections to the workers)."""
-    prefill = [FakeWorker("prefill") for _ in range(n_prefill)]
-    decode = [FakeWorker("decode") for _ in range(n_decode)]
+    root = options.pop("model_root", "fake-model")  # what the workers' /v1/models name
+    prefill = [FakeWorker("prefill", model_root=root) for _ in range(n_prefill)]
+    decode = [FakeWorker("decode", model_root=root) for _ in range(n_decode)]
     try:
         for w in prefill + decode:
             await w.start()

@@ -145,9 +145,9 @@ def test_not_ready_while_the_tokenizer_loads(tiny_model, monkeypatch):
     release = threading.Event()
     real_load = LocalTokenizer.load.__func__
 
-    def held_load(cls, source):
+    def held_load(cls, source, local_only=False):
         assert release.wait(60), "the test never released the load"
-        return real_load(cls, source)
+        return real_load(cls, source, local_only)
 
     monkeypatch.setattr(LocalTokenizer, "load", classmethod(held_load))
 
@@ -169,3 +169,88 @@ def test_not_ready_while_the_tokenizer_loads(tiny_model, monkeypatch):
             assert not [s for s in seen if s.path == "/tokenize"]
 
     run(body(), timeout=120)
+
+
+def hub_cache(tiny_model: str, home) -> str:
+    """The tiny model's tokenizer files as the Hugging Face Hub cache under HF_HOME `home` keeps a downloaded
+    repository (hub/models--ORG--NAME/snapshots/REV, refs/main = REV), as the workers' download leaves it on
+    their model volume; its id."""
+    import shutil
+    from pathlib import Path
+
+    repo = Path(home) / "hub" / "models--acme--tiny-hybrid"
+    snapshot = repo / "snapshots" / "0123456789abcdef"
+    snapshot.mkdir(parents=True)
+    for f in Path(tiny_model).iterdir():
+        if f.is_file() and f.suffix in (".json", ".jinja", ".txt", ".model"):
+            shutil.copy(f, snapshot / f.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123456789abcdef")
+    return "acme/tiny-hybrid"
+
+
+def test_an_id_is_read_from_the_machines_hub_cache_never_downloaded(tiny_model, tmp_path):
+    """--tokenizer auto with decoders that name a Hub id: the proxy reads it from the Hugging Face cache the
+    workers filled (the Kubernetes proxy mounts their model volume, HF_HOME on it), offline; an id not there
+    fails at once (no download), and the proxy keeps asking the workers' /tokenize. A fresh interpreter: the
+    Hub's cache location is read when it is imported."""
+    import subprocess
+    import sys
+
+    model_id = hub_cache(tiny_model, tmp_path / "hf")
+    code = ("import sys; from hybrid_pd.proxy.tokenizer import LocalTokenizer as T\n"
+            "try:\n    t = T.load(sys.argv[1], True)\nexcept Exception as e:\n    print('failed', type(e).__name__)\n"
+            "else:\n    print('ids', t.tokenizer.encode('hello world'))")
+    env = {**__import__("os").environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    got = subprocess.run([sys.executable, "-c", code, model_id], env=env, capture_output=True, text=True, timeout=120)
+    want = LocalTokenizer.load(tiny_model).tokenizer.encode("hello world")
+    assert got.stdout.strip() == f"ids {want}", got.stderr[-2000:]
+    # not even online is an id missing from the cache asked of the Hub: a listener stands in for it and records
+    # the request lines it gets (huggingface_hub may ask it other things of its own, not the model's files)
+    import socket
+    import threading
+
+    asked: list[bytes] = []
+    with socket.socket() as hub:
+        hub.bind(("127.0.0.1", 0))
+        hub.listen(8)
+
+        def listen():
+            while True:
+                try:
+                    conn, _ = hub.accept()
+                except OSError:  # closed
+                    return
+                with conn:
+                    asked.append(conn.recv(4096).split(b"\r\n")[0])
+
+        threading.Thread(target=listen, daemon=True).start()
+        env.pop("HF_HUB_OFFLINE")
+        env["HF_ENDPOINT"] = f"http://127.0.0.1:{hub.getsockname()[1]}"
+        missing = subprocess.run([sys.executable, "-c", code, "acme/not-downloaded"], env=env, capture_output=True,
+                                 text=True, timeout=120)
+    assert missing.stdout.strip().startswith("failed"), missing.stdout + missing.stderr[-2000:]
+    assert not [line for line in asked if b"not-downloaded" in line], asked
+
+
+@pytest.mark.parametrize("root_is_a_folder", [True, False])
+def test_auto_loads_what_the_decoders_name_a_folder_as_is_an_id_from_the_cache_only(tiny_model, monkeypatch,
+                                                                                    root_is_a_folder):
+    calls = []
+
+    def recorded(cls, source, local_only=False):
+        calls.append((source, local_only))
+        raise OSError("not loaded in this test")
+
+    monkeypatch.setattr(LocalTokenizer, "load", classmethod(recorded))
+    root = tiny_model if root_is_a_folder else "acme/tiny-hybrid"
+
+    async def body():
+        async with cluster(decode_policy="kv_hit", tokenizer="auto", pd_policy="always-remote", model_root=root):
+            for _ in range(200):
+                if calls:
+                    break
+                await asyncio.sleep(0.05)
+            assert calls == [(root, not root_is_a_folder)]
+
+    run(body(), timeout=60)
