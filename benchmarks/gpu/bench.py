@@ -276,7 +276,9 @@ def run_variants(setup: Setup, tokens: Tokens, args: argparse.Namespace, block: 
     ones), into part-NAME-<the variant's last word>.json, a set-up of its own for merge.py."""
     parts = []
     for i, variant in enumerate(filter(None, args.proxy_variants.split(";")), 1):
-        slug = re.sub(r"[^a-z0-9]+", "-", variant.split()[-1].lower()).strip("-")
+        words = shlex.split(variant)  # a peer's policy is named by itself, anything else by its flags and values
+        named = words[1:] if words[0] == "--pd-policy" else words
+        slug = re.sub(r"[^a-z0-9]+", "-", " ".join(named).lower()).strip("-")
         parts.append(args.out / f"part-{name}-{slug}.json")
         vresult = dict(result, tag=f"{args.tag}-{slug}", runs=[], errors=[],
                        args=dict(result["args"], proxy_args=f"{args.proxy_args} {variant}".strip()))
@@ -307,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(vLLM >= 0.32: every kernel compiled while serving, not only each kernel's first)")
     ap.add_argument("--proxy-variants", default="", help="';'-separated proxy flags, each run after the set-up's "
                     "workloads on the same engines with a fresh proxy and prompts of their own (e.g. '--pd-policy "
-                    "isl-bounding;--pd-policy non-cached-tokens'): part-SETUP-<last word>.json each")
+                    "isl-bounding;--itl-slo-ms 60'): part-SETUP-<policy, or flags and values>.json each")
     ap.add_argument("--proxy-args", default="", help="more flags for our proxy, e.g. '--pd-policy always-remote'")
     ap.add_argument("--probe-length", type=int, default=8192)
     ap.add_argument("--warmup-lengths", default="",

@@ -12,9 +12,11 @@ where a connector runs; the same body without it as a "plain" request on our eng
 - a turn that extends an earlier prompt (4,352 cached + 2,396 new), as a conversation's next turn.
 Per request: the client's wall time and the engine's /metrics deltas (scheduled-to-first-token = prefill time,
 queue time, engine steps, prompt and cached tokens). No decoder runs: the P leg's own cost is what differs.
-Writes OUT/prefill-SETUP.json. With --profile, a last round (cold 4,858, cold 8,192, an aligned 4,352) runs
-under vLLM's torch profiler, and OUT/profile-SETUP.json sums its trace: GPU kernel time against the engine
-step's wall time, the top kernels and vLLM's own annotated regions.
+Writes OUT/prefill-SETUP.json (--role decode: OUT/prefill-SETUP-decode.json, a decoder engine given every
+request plain, as a turn D serves alone: whether our connector slows a decoder's own prefill). With --profile,
+a last round (cold 4,858, cold 8,192, an aligned 4,352) runs under vLLM's torch profiler, and
+OUT/profile-SETUP.json sums its trace: GPU kernel time against the engine step's wall time, the top kernels and
+vLLM's own annotated regions.
 """
 
 from __future__ import annotations
@@ -99,11 +101,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     Gpus.add_flags(ap)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--role", choices=["prefill", "decode"], default="prefill",
+                    help="decode: a decoder engine, every request plain (what a turn D serves alone computes)")
     args = ap.parse_args()
+    name = args.setup if args.role == "prefill" else f"{args.setup}-decode"
     args.out.mkdir(parents=True, exist_ok=True)
-    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"prefill-logs-{args.setup}"
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"prefill-logs-{name}"
     logs.mkdir(parents=True, exist_ok=True)
-    prof_dir = Path(f"/tmp/prefill-prof-{args.setup}")
+    prof_dir = Path(f"/tmp/prefill-prof-{name}")
     env = {}
     if args.setup == "hybrid-noship":
         env["HYBRID_PD_SHIP_CHECKPOINTS"] = "0"
@@ -117,13 +122,13 @@ def main() -> int:
     connector = {"none": "none", "upstream": "upstream"}.get(args.setup, "hybrid")
     result: dict = {"setup": args.setup, "args": {k: str(v) for k, v in vars(args).items()}, "rows": [],
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    part = args.out / f"prefill-{args.setup}.json"
+    part = args.out / f"prefill-{name}.json"
     try:
-        p = engines.ready(engines.start("prefill", "prefill", connector))
+        p = engines.ready(engines.start(args.role, args.role, connector))
         result["start_s"] = engines.start_s
         for label, ids, p_leg in prompts(args.seed):
             body = {"model": "m", "prompt": ids, "max_tokens": 1, "stream": False, "temperature": 0}
-            if p_leg and connector != "none":
+            if p_leg and connector != "none" and args.role == "prefill":
                 body["kv_transfer_params"] = KV_PARAMS
             before = {"p": scrape(p.url)}
             t0 = time.monotonic()
@@ -149,7 +154,7 @@ def main() -> int:
                 post_json(p.url + "/v1/completions", body)
             post_raw(p.url + "/stop_profile")
             time.sleep(5)
-            (args.out / f"profile-{args.setup}.json").write_text(json.dumps(summarize_traces(prof_dir), indent=1))
+            (args.out / f"profile-{name}.json").write_text(json.dumps(summarize_traces(prof_dir), indent=1))
     except Exception as e:  # keep what was measured
         result["error"] = repr(e)
         log(f"error: {e!r}")

@@ -262,7 +262,7 @@ def test_proxy_variants_run_on_the_same_engines_with_prompts_of_their_own(bench,
 
     args = argparse.Namespace(workloads="agentic", lengths="2048", concurrency="1", trace="", rate="", deadline_s=1e9,
                               max_tokens=2, out=tmp_path, tag="", proxy_args="--log-placement",
-                              proxy_variants="--pd-policy isl-bounding;--pd-policy non-cached-tokens")
+                              proxy_variants="--pd-policy isl-bounding;--itl-slo-ms 60")
     fake = FakeProxySetup()
     result = {"setup": "hybrid-pd-1p1d", "tag": "", "args": {"proxy_args": "--log-placement"}, "probe": [],
               "errors": [], "block": 128, "runs": []}
@@ -270,11 +270,11 @@ def test_proxy_variants_run_on_the_same_engines_with_prompts_of_their_own(bench,
     first = [tuple(b["prompt"][:128]) for b in fake.bodies]
     parts = bench.run_variants(fake, tokens, args, 128, result, "hybrid-pd-1p1d")
     assert [p.name for p in parts] == ["part-hybrid-pd-1p1d-isl-bounding.json",
-                                       "part-hybrid-pd-1p1d-non-cached-tokens.json"]
+                                       "part-hybrid-pd-1p1d-itl-slo-ms-60.json"]
     assert fake.restarts == [(("--pd-policy", "isl-bounding"), "proxy-isl-bounding"),
-                             (("--pd-policy", "non-cached-tokens"), "proxy-non-cached-tokens")]
+                             (("--itl-slo-ms", "60"), "proxy-itl-slo-ms-60")]
     saved = [json.loads(p.read_text()) for p in parts]
-    assert [s["tag"] for s in saved] == ["-isl-bounding", "-non-cached-tokens"]
+    assert [s["tag"] for s in saved] == ["-isl-bounding", "-itl-slo-ms-60"]
     assert saved[0]["args"]["proxy_args"] == "--log-placement --pd-policy isl-bounding"
     assert all(len(s["runs"]) == 1 and len(s["runs"][0]["rows"]) == len(first) for s in saved)
     later = [tuple(b["prompt"][:128]) for b in fake.bodies[len(first):]]

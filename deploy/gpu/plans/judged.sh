@@ -2,13 +2,17 @@
 # A plan for `bench_gpu.sh background`: where PD is judged, on one machine, vLLM's default CUDA graphs: upstream PD,
 # ours (the placement model, P's call learned under load, each turn logged) and, on the same engines with a fresh
 # proxy and prompts of their own (--proxy-variants), the peers' deciders (Dynamo's isl-bounding, llm-d's
-# non-cached-tokens), then the colocated floor; agentic 8k at c = CONC (default 1,8,32). VLLM_ARGS: more vLLM flags for every engine (vLLM >= 0.32: --jit-monitor-verbose,
-# every kernel compiled while serving). Each line appends to /root/res/done.txt ("j-all" at the end).
+# non-cached-tokens) and ours under an ITL objective for D's streams (--itl-slo-ms ITL_SLO_MS, default 60: a short
+# tail's prefill step, ~40 ms on top of a ~6 ms decode step, fits; a step of thousands of prompt tokens on D does
+# not), then the colocated floor; agentic 8k at c = CONC (default 1,8,32). VLLM_ARGS: more vLLM flags for every
+# engine (vLLM >= 0.32: --jit-monitor-verbose, every kernel compiled while serving). Each line appends to
+# /root/res/done.txt ("j-all" at the end).
 set -u
 GRAPHS=${GRAPHS:-full}
 . deploy/gpu/plans/common.sh
 more=(--concurrency "${CONC:-1,8,32}"); [ -n "${VLLM_ARGS:-}" ] && more+=(--vllm-args="$VLLM_ARGS")
 run qwen3next upstream j "${more[@]}"
-run qwen3next hybrid-pd-1p1d j --proxy-variants="--pd-policy isl-bounding;--pd-policy non-cached-tokens" "${more[@]}"
+peers="--pd-policy isl-bounding;--pd-policy non-cached-tokens;--itl-slo-ms ${ITL_SLO_MS:-60}"
+run qwen3next hybrid-pd-1p1d j --proxy-variants="$peers" "${more[@]}"
 run qwen3next colocated j "${more[@]}"
 echo j-all >> "$R/done.txt"
