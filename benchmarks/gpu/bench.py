@@ -273,7 +273,8 @@ def run_variants(setup: Setup, tokens: Tokens, args: argparse.Namespace, block: 
                  ) -> list[Path]:
     """Each of --proxy-variants after the set-up's own workloads: a fresh proxy with the variant's flags in front
     of the same engines, the same workloads with prompts of their own (salted: the engines cached the first
-    ones), into part-NAME-<the variant's last word>.json, a set-up of its own for merge.py."""
+    ones), into part-NAME-<slug>.json (the peer's policy, or the variant's flags and values), a set-up of its
+    own for merge.py."""
     parts = []
     for i, variant in enumerate(filter(None, args.proxy_variants.split(";")), 1):
         words = shlex.split(variant)  # a peer's policy is named by itself, anything else by its flags and values
@@ -282,7 +283,7 @@ def run_variants(setup: Setup, tokens: Tokens, args: argparse.Namespace, block: 
         parts.append(args.out / f"part-{name}-{slug}.json")
         vresult = dict(result, tag=f"{args.tag}-{slug}", runs=[], errors=[],
                        args=dict(result["args"], proxy_args=f"{args.proxy_args} {variant}".strip()))
-        setup.restart_proxy(tuple(shlex.split(variant)), f"proxy-{slug}")
+        setup.restart_proxy(tuple(words), f"proxy-{slug}")
         log(f"proxy variant {slug}: {variant}")
         matrix(setup, tokens, args, block, vresult, functools.partial(write_part, parts[-1], vresult), i)
     return parts

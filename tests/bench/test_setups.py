@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks.client import scrape
+from benchmarks.procs import free_port
 from benchmarks.setups import CpuBed, Gpus, Setup, launcher_argv
 
 
@@ -135,22 +136,25 @@ def test_toy_flow_sends_p_then_d_and_reports_p_hit(tmp_path: Path):
         d.shutdown()
 
 
-def test_restart_proxy_stops_the_last_and_starts_one_with_the_variants_flags(tmp_path: Path, monkeypatch):
-    setup = Setup("hybrid-pd-1p1d", CpuBed("/m"), tmp_path, proxy_args=("--log-placement",))
-    stopped: list[str] = []
-    started: list[tuple] = []
-
-    def proxy(prefill, decode, extra=(), name="proxy"):
-        front = SimpleNamespace(name=name, stop=lambda: stopped.append(name))
-        setup.workers.procs.append(front)
-        started.append((tuple(p.url for p in prefill), decode.url, extra, name))
-        return front
-
-    monkeypatch.setattr(setup.workers, "proxy", proxy)
-    setup.prefillers, setup.decoder, setup.flow = [SimpleNamespace(url="p")], SimpleNamespace(url="d"), "proxy"
-    setup.front = proxy(setup.prefillers, setup.decoder, setup.proxy_args)
-    setup.restart_proxy(("--pd-policy", "isl-bounding"), "proxy-isl-bounding")
-    assert stopped == ["proxy"] and [f.name for f in setup.workers.procs] == ["proxy-isl-bounding"]
-    assert started[-1] == (("p",), "d", ("--log-placement", "--pd-policy", "isl-bounding"), "proxy-isl-bounding")
-    with pytest.raises(SystemExit, match="no proxy of ours"):
-        Setup("colocated", CpuBed("/m"), tmp_path).restart_proxy((), "proxy-x")
+def test_restart_proxy_stops_the_last_and_starts_one_with_the_variants_flags(tmp_path: Path):
+    """Real proxies (`hybrid-pd proxy`) in front of fake workers: the variant's proxy runs with the set-up's flags
+    and the variant's, under a log of its own, and the one before is stopped; the same engines stay."""
+    p, d = FakeWorker("p"), FakeWorker("d")
+    setup = Setup("hybrid-pd-1p1d", CpuBed("/m"), tmp_path, proxy_args=("--tokenizer", "remote"))
+    try:
+        workers = [SimpleNamespace(url=w.url, argv=["--kv-events-port", str(free_port())]) for w in (p, d)]
+        setup.prefillers, setup.decoder, setup.flow = workers[:1], workers[1], "proxy"
+        first = setup.front = setup.workers.proxy(setup.prefillers, setup.decoder, setup.proxy_args)
+        setup.restart_proxy(("--pd-policy", "isl-bounding"), "proxy-isl-bounding")
+        assert first.proc.poll() is not None and setup.front is not first and setup.workers.procs == [setup.front]
+        assert "--tokenizer remote --pd-policy isl-bounding" in " ".join(setup.front.argv)
+        assert setup.front.log_path.name == "hybrid-pd-1p1d-proxy-isl-bounding.log"
+        assert (tmp_path / "hybrid-pd-1p1d-proxy.log").exists()  # the first proxy's log stays
+        seen = setup.send({"model": "m", "prompt": [1, 2, 3], "max_tokens": 2, "logprobs": 2})
+        assert seen["text"] == "ab" and d.bodies  # served through the variant's proxy
+        with pytest.raises(SystemExit, match="no proxy of ours"):
+            Setup("colocated", CpuBed("/m"), tmp_path).restart_proxy((), "proxy-x")
+    finally:
+        setup.close()
+        p.shutdown()
+        d.shutdown()
