@@ -11,7 +11,12 @@ vLLM's own API, and only then writes its ready file, which the Kubernetes readin
    by EXTEND_TOKENS (which starts from its aligned checkpoint: a prefix hit);
 2. the prompt of that length once more, doubled, so that a long tail is computed from a cached state (a short
    twin does not compile the kernels of a long prefill that starts from a state);
-3. CONCURRENT requests at once, half of them extending those prompts, half new (batch_sizes).
+3. CONCURRENT requests at once, half of them extending those prompts, half new (batch_sizes);
+4. for a mixture-of-experts model on a GPU, one prompt per step size of moe_steps: vLLM's fused-MoE Triton kernel
+   takes its tile configuration from the step's token count and is compiled once per configuration and per
+   divisibility of its integer arguments by 16, so a step size no earlier request had cost the first turn that
+   met it a compilation of ~1.1 s while serving (vLLM 0.33's --jit-monitor-verbose named it on an H100: a
+   2,832-token tail, benchmarks/results/2026-11-26-h100-qwen3next-judged-vllm033).
 
 The requests take turns among SAMPLERS. Prompts are token ids drawn from a per-start seed, so no client prompt
 shares them. What each step saved, measured on H100s and H200s: docs/benchmarks.md ("The warm-up").
@@ -35,6 +40,11 @@ DEFAULT_WARMUP = {"gpu": "2048,8192", "cpu": "1024"}  # --warmup-lengths per dev
 EXTEND_TOKENS = 64  # tokens added to a warm-up prompt for its prefix-hit twin
 ODD = 13  # a second length per asked one, not a multiple of 16
 MAX_TOKENS = 4  # decode steps per warm-up request (the decode graphs were captured at start-up)
+# the step sizes vLLM tunes its fused-MoE configurations for (benchmark_moe.py's batch sizes: the keys of its
+# configs/E=...,N=...,device_name=....json); a step takes the configuration of the nearest key, one past the last
+# takes the last's, and where no tuned file exists, get_default_config's thresholds fall on these sizes too
+MOE_STEP_KEYS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")  # as the families' configs name them
 CONCURRENT = 8  # the last step: this many requests at once at the first length, the even ones extending a prompt
 # how warm-up requests sample, in turn: greedy, greedy with log-probabilities, random with top-k/top-p, random
 # with log-probabilities (each compiles sampler kernels of its own on first use)
@@ -85,6 +95,43 @@ def plan(lengths: tuple[int, ...], max_model_len: int, aligned_block: int | None
     return out
 
 
+def moe_steps(largest: int) -> list[int]:
+    """Step sizes (prompt tokens, each a step of its own from scratch) that meet every fused-MoE configuration
+    vLLM can pick for steps up to `largest` tokens: each key (from 16 up a multiple of 16) and an odd size whose
+    nearest key it still is (key - 1 from 16 up, key + 1 below), so that M * top_k is not a multiple of 16
+    either, unless top_k is one."""
+    out: list[int] = []
+    for key in MOE_STEP_KEYS:
+        for size in (key, key - 1 if key >= 16 else key + 1):
+            if size <= largest and size not in out:
+                out.append(size)
+    return out
+
+
+def parse_steps(text: str, largest: int, moe_on_gpu: bool) -> list[int]:
+    """--warmup-steps: 'auto' -> moe_steps up to the largest step for a mixture-of-experts model on a GPU (the
+    kernel is a Triton kernel there only), else none; 'none' or '0' -> none; TOKENS -> moe_steps up to TOKENS."""
+    text = text.strip().lower()
+    if text in ("none", "0"):
+        return []
+    if text == "auto":
+        return moe_steps(largest) if moe_on_gpu else []
+    tokens = int(text)
+    if tokens < 1:
+        raise ValueError(f"give auto, none or a positive token count: {text!r}")
+    return moe_steps(min(tokens, largest))
+
+
+def is_moe(model: str) -> bool:
+    """Whether a local model's config names routed experts (its own or its text model's)."""
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    cfgs = [cfg, cfg.get("text_config") or {}]
+    return any(int(c.get(key) or 0) > 1 for c in cfgs if isinstance(c, dict) for key in EXPERT_COUNT_KEYS)
+
+
 def token_range(model: str) -> tuple[int, int]:
     """Token ids to draw prompts from: the middle of the vocabulary of a local model (special tokens sit at
     its ends), else ids 100-255, which every tokenizer we serve has as ordinary tokens."""
@@ -104,10 +151,11 @@ def warm_up(
     seed: int | None = None,
     timeout: float = 600.0,
     max_model_len: int | None = None,
+    steps: list[int] | None = None,
 ) -> list[WarmupRequest]:
-    """Send each warm-up request in turn, then the concurrent batch; return what each took (an error is recorded,
-    not raised: a worker that cannot serve fails its clients' requests and its health check, which say more than
-    we could)."""
+    """Send each warm-up request in turn, then the concurrent batch, then one prompt per size in `steps` (a step
+    of that many tokens each, moe_steps); return what each took (an error is recorded, not raised: a worker that
+    cannot serve fails its clients' requests and its health check, which say more than we could)."""
     rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
     low, high = token_range(model)
     draw = lambda k: [rng.randint(low, high) for _ in range(k)]  # noqa: E731
@@ -142,12 +190,20 @@ def warm_up(
         errors = [a.error for a in answers if a.error]
         label = f"{len(batch)} at once ({sum(map(len, batch)):,} tokens)"
         done.append(WarmupRequest(label, time.monotonic() - start, errors[0] if errors else None))
+    if steps:
+        start = time.monotonic()
+        answers = [_complete(url, served_name, "", draw(size), timeout, SAMPLERS[0], max_tokens=1) for size in steps]
+        errors = [a.error for a in answers if a.error]
+        label = f"{len(steps)} step sizes {min(steps)}-{max(steps)} ({sum(steps):,} tokens)"
+        done.append(WarmupRequest(label, time.monotonic() - start, errors[0] if errors else None))
     return done
 
 
-def _complete(url: str, model: str, label: str, tokens: list[int], timeout: float, sampler: dict) -> WarmupRequest:
+def _complete(
+    url: str, model: str, label: str, tokens: list[int], timeout: float, sampler: dict, max_tokens: int = MAX_TOKENS
+) -> WarmupRequest:
     body = json.dumps(
-        {"model": model, "prompt": tokens, "max_tokens": MAX_TOKENS, "ignore_eos": True, **sampler}
+        {"model": model, "prompt": tokens, "max_tokens": max_tokens, "ignore_eos": True, **sampler}
     ).encode()
     req = urllib.request.Request(
         url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}, method="POST"

@@ -20,7 +20,16 @@ from hybrid_pd.prefill.launch.flags import ROLE_DEFAULTS, add_flags, flag, from_
 from hybrid_pd.prefill.launch.ready import ReadyFile
 from hybrid_pd.prefill.launch.shm_segments import EngineSegments
 from hybrid_pd.prefill.launch.supervisor import ChildProcess, run_until_signalled
-from hybrid_pd.prefill.launch.warmup import CONCURRENT, DEFAULT_WARMUP, describe, parse_lengths, plan, warm_up
+from hybrid_pd.prefill.launch.warmup import (
+    CONCURRENT,
+    DEFAULT_WARMUP,
+    describe,
+    is_moe,
+    parse_lengths,
+    parse_steps,
+    plan,
+    warm_up,
+)
 from hybrid_pd.prefill.launch.worker_config import WorkerConfig
 
 
@@ -36,6 +45,13 @@ class LaunchOptions:
         "GPU kernels clients would otherwise wait for), then write --ready-file; 'none' skips it (default: "
         f"{DEFAULT_WARMUP['gpu']} on GPUs, {DEFAULT_WARMUP['cpu']} on CPUs)",
         metavar="TOKENS[,TOKENS]",
+    )
+    warmup_steps: str = flag(
+        "auto",
+        "then one prompt per step size the fused-MoE kernel has a configuration for, up to this many tokens (each "
+        "compiles on the first step of its size class otherwise: ~1 s while serving); 'auto': up to the largest "
+        "step for a mixture-of-experts model on a GPU, none otherwise; 'none' skips it",
+        metavar="auto|none|TOKENS",
     )
     ready_file: str | None = flag(
         None,
@@ -91,6 +107,11 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
             lengths = parse_lengths(options.warmup_lengths or DEFAULT_WARMUP[config.device])
         except ValueError as e:
             raise WorkerConfigError([f"--warmup-lengths: {e}"]) from None
+        largest = config.checkpoint_every or config.max_num_batched_tokens
+        try:
+            steps = parse_steps(options.warmup_steps, largest, config.device == "gpu" and is_moe(config.model))
+        except ValueError as e:
+            raise WorkerConfigError([f"--warmup-steps: {e}"]) from None
         for w in config.warnings:
             print(f"[hybrid-pd] warning: {w}", file=sys.stderr)
         if config.cpu_cores is not None and config.cpu_bind is not None:
@@ -107,7 +128,11 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
 
         def warm() -> None:
             sizes = plan(lengths, config.max_model_len, watch.block)
-            print(f"[hybrid-pd] warming up: {len(sizes) * 5} requests at most, then {CONCURRENT} at once", flush=True)
+            print(
+                f"[hybrid-pd] warming up: {len(sizes) * 5} requests at most, then {CONCURRENT} at once, then "
+                f"{len(steps)} step sizes",
+                flush=True,
+            )
             try:
                 done = warm_up(
                     config.url,
@@ -115,6 +140,7 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
                     config.model,
                     sizes,
                     max_model_len=config.max_model_len,
+                    steps=steps,
                 )
             except Exception as e:  # a warm-up is an optimisation: never leave vLLM behind for it
                 print(f"[hybrid-pd] warm-up stopped: {e!r}", flush=True)
@@ -124,7 +150,7 @@ def worker_main(role: str, argv: list[str] | None = None) -> int:
         return run_until_signalled(
             child,
             options.startup_timeout,
-            warm_up=warm if lengths else None,
+            warm_up=warm if lengths or steps else None,
             ready=ReadyFile(options.ready_file),
             segments=EngineSegments(config.port),
         )

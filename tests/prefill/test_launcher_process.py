@@ -7,7 +7,10 @@ import subprocess
 import psutil
 import pytest
 
-from hybrid_pd.prefill.launch.warmup import CONCURRENT, EXTEND_TOKENS, MAX_TOKENS, ODD, batch_sizes, parse_lengths, plan
+import json
+
+from hybrid_pd.prefill.launch.warmup import (CONCURRENT, EXTEND_TOKENS, MAX_TOKENS, MOE_STEP_KEYS, ODD, batch_sizes,
+                                             is_moe, moe_steps, parse_lengths, parse_steps, plan)
 from tests.support.procs import HYBRID_PD, free_port, metric_sum, scrape_metrics, worker_argv
 
 
@@ -36,12 +39,13 @@ def test_broken_configuration_is_refused_before_vllm_starts(tiny_model):
 @pytest.mark.engines  # a real engine, warmed up
 def test_the_launcher_warms_its_engine_up_then_writes_its_ready_file(tiny_model, launch, tmp_path):
     """The warm-up (a prompt from scratch, then the same prompt extended: a prefix hit from its aligned
-    checkpoint; the prompt doubled: a long tail from that checkpoint; then a batch at once) runs through vLLM
-    before the ready file exists, and the file goes at SIGTERM."""
+    checkpoint; the prompt doubled: a long tail from that checkpoint; then a batch at once; then one prompt per
+    fused-MoE step size, asked for here up to 100 tokens) runs through vLLM before the ready file exists, and the
+    file goes at SIGTERM."""
     ready = tmp_path / "ready"
     port = free_port()
     argv = worker_argv("decode", connector="none", port=port, cpu_bind="1", model=tiny_model,
-                       extra=["--warmup-lengths", "300", "--ready-file", str(ready)])
+                       extra=["--warmup-lengths", "300", "--warmup-steps", "100", "--ready-file", str(ready)])
     worker = launch("warmup-decode", argv, f"http://127.0.0.1:{port}")
     worker.wait_file(ready, timeout=300)
     text = worker.log_path.read_text()
@@ -51,8 +55,11 @@ def test_the_launcher_warms_its_engine_up_then_writes_its_ready_file(tiny_model,
     assert "626 after 313" not in said and "failed" not in said  # one doubled prompt per asked length
     batch = batch_sizes(300, [300, 313])  # then 8 at once: 4 extend the 300- and 313-token prompts, 4 are new
     assert f"{CONCURRENT} at once ({sum(size for _, size in batch):,} tokens)" in said
+    steps = moe_steps(100)
+    assert f"{len(steps)} step sizes 1-96 ({sum(steps):,} tokens)" in said
     metrics = scrape_metrics(worker.url)
-    assert metric_sum(metrics, "vllm:prompt_tokens_total") == 300 + 364 + 600 + 313 + 390 + sum(s for _, s in batch)
+    sent = 300 + 364 + 600 + 313 + 390 + sum(s for _, s in batch) + sum(steps)
+    assert metric_sum(metrics, "vllm:prompt_tokens_total") == sent
     hits = 3 + sum(base is not None for base, _ in batch)  # each from an aligned block (256) of the CPU tiny model
     assert metric_sum(metrics, "vllm:prefix_cache_hits_total") == hits * 256
     assert worker.stop() == []
@@ -67,3 +74,35 @@ def test_warm_up_lengths_are_planned_inside_the_context_and_past_one_aligned_blo
     assert plan((100, 200), max_model_len=40960, aligned_block=None) == [100, 200]
     with pytest.raises(ValueError):
         parse_lengths("2048,-1")
+
+
+def test_moe_step_sizes_meet_every_configuration_in_both_divisibility_classes():
+    """Each tuned key up to the largest step, with a size that is its nearest key (vLLM's choice: the first key
+    at the smallest distance) in each class of M * top_k by 16 that the key's own range holds."""
+    steps = moe_steps(4096)
+    nearest = lambda m: min(MOE_STEP_KEYS, key=lambda k: abs(k - m))  # noqa: E731
+    assert sorted({nearest(m) for m in steps}) == list(MOE_STEP_KEYS)
+    for top_k in (1, 2, 4, 6, 8, 10):  # Triton specialises M * top_k (and the sizes padded from it) by 16
+        for key in MOE_STEP_KEYS:
+            held = {m * top_k % 16 == 0 for m in range(1, 4097) if nearest(m) == key}
+            assert {m * top_k % 16 == 0 for m in steps if nearest(m) == key} == held, (top_k, key)
+    assert max(moe_steps(1000)) == 512 and 4095 in steps and 4097 not in steps
+    assert len(steps) == len(set(steps))
+
+
+def test_moe_steps_run_by_default_only_for_an_moe_model_on_a_gpu(tmp_path):
+    assert parse_steps("auto", 4096, moe_on_gpu=True) == moe_steps(4096)
+    assert parse_steps("auto", 4096, moe_on_gpu=False) == [] == parse_steps("none", 4096, moe_on_gpu=True)
+    assert parse_steps("100", 4096, moe_on_gpu=False) == moe_steps(100)
+    assert parse_steps("8192", 2048, moe_on_gpu=False) == moe_steps(2048)  # never a step vLLM cannot take
+    for bad in ("-1", "many"):
+        with pytest.raises(ValueError):
+            parse_steps(bad, 4096, moe_on_gpu=True)
+    configs = {"qwen3next": {"num_experts": 512}, "nemotronh": {"n_routed_experts": 128},
+               "granite": {"num_local_experts": 62}, "qwen35": {"text_config": {"num_experts": 256}},
+               "dense": {"num_experts": 0}, "falcon": {"hidden_size": 64}}
+    for name, cfg in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    assert [n for n in configs if is_moe(str(tmp_path / n))] == ["qwen3next", "nemotronh", "granite", "qwen35"]
+    assert not is_moe(str(tmp_path / "missing"))
