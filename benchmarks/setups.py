@@ -149,6 +149,18 @@ def launcher_argv(machine: Machine, role: str, connector: str, port: int, ready_
     return argv + (["--", *vllm_flags] if vllm_flags else [])
 
 
+def proxy_argv(machine: Machine, port: int, prefill: list[Launched], decode: Launched, extra: tuple[str, ...] = ()
+               ) -> list[str]:
+    """Our proxy's command in front of these workers (Workers.proxy), --shared-device where P and D share a GPU."""
+    shared = isinstance(machine, Gpus) and machine.one_at_a_time
+    argv = [HYBRID_PD, "proxy", "--port", str(port), "--decode", decode.url,
+            "--decode-policy", "kv_hit=2,least_loaded", "--prefill-policy", "kv_hit=2,least_loaded",
+            "--log-placement", "--warm-pairs", *(["--shared-device"] if shared else []), *extra]
+    for p in prefill:
+        argv += ["--prefill", p.url, "--prefill-events", events_url(p)]
+    return argv + ["--decode-events", events_url(decode)]
+
+
 class Workers:
     """The processes of one set-up: launchers, then our proxy; log files `<prefix><name>.log` under `logs`."""
 
@@ -183,14 +195,10 @@ class Workers:
     def proxy(self, prefill: list[Launched], decode: Launched, extra: tuple[str, ...] = (), name: str = "proxy"
               ) -> Launched:
         """Our proxy in front of the workers, routing on their KV events (kv_hit, then the least loaded), logging
-        each turn's placement; `extra`: more proxy flags (e.g. another --pd-policy); `name`: its log's."""
+        each turn's placement, told that P and D share a device where they do (GPUs: P on D's GPU); `extra`:
+        more proxy flags (e.g. another --pd-policy, --no-shared-device); `name`: its log's."""
         port = free_port()
-        argv = [HYBRID_PD, "proxy", "--port", str(port), "--decode", decode.url,
-                "--decode-policy", "kv_hit=2,least_loaded", "--prefill-policy", "kv_hit=2,least_loaded",
-                "--log-placement", "--warm-pairs", *extra]
-        for p in prefill:
-            argv += ["--prefill", p.url, "--prefill-events", events_url(p)]
-        argv += ["--decode-events", events_url(decode)]
+        argv = proxy_argv(self.machine, port, prefill, decode, extra)
         proc = Launched(self.prefix + name, argv, f"http://127.0.0.1:{port}", self.logs)
         self.procs.append(proc)
         proc.wait_healthy(150)  # ready once its tokenizer loads (proxy/background.py: 120 s at most)

@@ -151,6 +151,13 @@ class DisaggConfig:
         parse=float,
         check=at_least(0),
     )
+    shared_device: bool = setting(
+        False,
+        "shared_device",
+        "policy ours: the prefillers and the decoders compute on one device (a GPU they share), so a prefill on a "
+        "prefiller stalls the decoder's running streams as one on the decoder would",
+        parse=boolean,
+    )
     min_prompt_tokens: int = setting(
         0,
         "min_prompt_tokens",

@@ -89,8 +89,16 @@ class Decider:
         hits = context.all_hits(state.deps) if state.kv_index.workers else {}
         d = WorkerView(decoder.url, hits.get(decoder.url, 0), decoder.streams)
         ps = [WorkerView(p.url, hits.get(p.url, 0), p.streams, p.queued_tokens) for p in prefillers]
-        itl_slo = self.config.itl_slo_ms
-        return place(prompt_tokens, d, ps, state.rates.rates, itl_slo_ms=itl_slo, aligned_block=block)
+        config = self.config
+        return place(
+            prompt_tokens,
+            d,
+            ps,
+            state.rates.rates,
+            itl_slo_ms=config.itl_slo_ms,
+            aligned_block=block,
+            shared_device=config.shared_device,
+        )
 
     def _decoder_hit(self, context: RequestContext, decoder: Worker) -> int | None:
         if not context.token_ids or decoder.url not in self.state.kv_index.workers:

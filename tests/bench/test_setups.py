@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.client import scrape
 from benchmarks.procs import free_port
-from benchmarks.setups import CpuBed, Gpus, Setup, launcher_argv
+from benchmarks.setups import CpuBed, Gpus, Setup, launcher_argv, proxy_argv
 
 
 def after(argv: list[str], name: str) -> str:
@@ -136,6 +136,18 @@ def test_toy_flow_sends_p_then_d_and_reports_p_hit(tmp_path: Path):
         d.shutdown()
 
 
+def test_our_proxy_is_told_of_a_shared_gpu_only_where_p_and_d_share_one():
+    workers = [SimpleNamespace(url=f"http://127.0.0.1:{9000 + i}", argv=["--kv-events-port", str(7000 + i)])
+               for i in range(2)]
+    def argv(machine):
+        return proxy_argv(machine, 8000, workers[:1], workers[1], ("--pd-policy", "ours"))
+    assert "--shared-device" in argv(Gpus("/m", prefill_gpu=0, decode_gpu=0))
+    assert "--shared-device" not in argv(Gpus("/m", prefill_gpu=0, decode_gpu=1))
+    assert "--shared-device" not in argv(CpuBed("/m"))  # P and D on cores of their own
+    assert argv(Gpus("/m"))[-6:] == ["--prefill", workers[0].url, "--prefill-events", "tcp://127.0.0.1:7000",
+                                     "--decode-events", "tcp://127.0.0.1:7001"]
+
+
 def test_restart_proxy_stops_the_last_and_starts_one_with_the_variants_flags(tmp_path: Path):
     """Real proxies (`hybrid-pd proxy`) in front of fake workers: the variant's proxy runs with the set-up's flags
     and the variant's, under a log of its own, and the one before is stopped; the same engines stay."""
@@ -145,9 +157,9 @@ def test_restart_proxy_stops_the_last_and_starts_one_with_the_variants_flags(tmp
         workers = [SimpleNamespace(url=w.url, argv=["--kv-events-port", str(free_port())]) for w in (p, d)]
         setup.prefillers, setup.decoder, setup.flow = workers[:1], workers[1], "proxy"
         first = setup.front = setup.workers.proxy(setup.prefillers, setup.decoder, setup.proxy_args)
-        setup.restart_proxy(("--pd-policy", "isl-bounding"), "proxy-isl-bounding")
+        setup.restart_proxy(("--pd-policy", "isl-bounding", "--no-shared-device"), "proxy-isl-bounding")
         assert first.proc.poll() is not None and setup.front is not first and setup.workers.procs == [setup.front]
-        assert "--tokenizer remote --pd-policy isl-bounding" in " ".join(setup.front.argv)
+        assert "--tokenizer remote --pd-policy isl-bounding --no-shared-device" in " ".join(setup.front.argv)
         assert setup.front.log_path.name == "hybrid-pd-1p1d-proxy-isl-bounding.log"
         assert (tmp_path / "hybrid-pd-1p1d-proxy.log").exists()  # the first proxy's log stays
         seen = setup.send({"model": "m", "prompt": [1, 2, 3], "max_tokens": 2, "logprobs": 2})

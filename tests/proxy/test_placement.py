@@ -62,20 +62,21 @@ def scenario(draw: st.DrawFn) -> dict:
         "rates": draw(rates()),
         "itl_slo_ms": draw(st.sampled_from([0.0, 5.0, 20.0, 50.0, 200.0])),
         "aligned_block": draw(st.sampled_from([0, 16, 544, 1040])),
+        "shared_device": draw(st.booleans()),
     }
 
 
 def choose(s: dict, **changes) -> str | None:
     s = {**s, **changes}
     return place(s["prompt_tokens"], s["decoder"], s["prefillers"], s["rates"], itl_slo_ms=s["itl_slo_ms"],
-                 aligned_block=s["aligned_block"]).prefiller
+                 aligned_block=s["aligned_block"], shared_device=s["shared_device"]).prefiller
 
 
 @PROPS
 @given(scenario())
 def test_never_picks_a_worker_that_cannot_serve(s):
     p = place(s["prompt_tokens"], s["decoder"], s["prefillers"], s["rates"], itl_slo_ms=s["itl_slo_ms"],
-              aligned_block=s["aligned_block"])
+              aligned_block=s["aligned_block"], shared_device=s["shared_device"])
     serving = {w.name for w in s["prefillers"] if w.can_serve}
     assert p.prefiller is None or p.prefiller in serving
     assert {o.prefiller for o in p.options} == {None} | serving
@@ -87,7 +88,9 @@ def test_never_picks_a_worker_that_cannot_serve(s):
 @PROPS
 @given(scenario(), st.floats(0, 512))
 def test_a_busier_decoder_never_moves_a_turn_from_a_prefiller_to_it(s, more):
-    if choose(s) is not None:
+    """Not on a shared device: there a prefill on P stalls D's streams too, and more of them can favour the option
+    that computes less (test_on_a_shared_device_a_prefiller_holding_less_stalls_the_decoder_more)."""
+    if choose(s) is not None and not s["shared_device"]:
         busier = dataclasses.replace(s["decoder"], load=s["decoder"].load + more)
         assert choose(s, decoder=busier) is not None
 
@@ -144,7 +147,7 @@ def test_within_the_itl_objective_when_any_option_is(s):
     if s["itl_slo_ms"] <= 0:
         return
     p = place(s["prompt_tokens"], s["decoder"], s["prefillers"], s["rates"], itl_slo_ms=s["itl_slo_ms"],
-              aligned_block=s["aligned_block"])
+              aligned_block=s["aligned_block"], shared_device=s["shared_device"])
     within = [o for o in p.options if o.meets_itl]
     if within:
         assert p.chosen.meets_itl
@@ -228,3 +231,35 @@ def test_the_itl_objective_keeps_a_busy_decoders_streams_within_it():
     assert loose.options[0].meets_itl
     idle = place(9181, dataclasses.replace(d, load=0), p, PRIORS, itl_slo_ms=40, aligned_block=544)
     assert idle.options[0].meets_itl  # no stream to delay
+
+
+def test_on_a_shared_device_p_s_prefill_stalls_the_decoders_streams():
+    """One GPU for P and D (the H100 run of 2026-11-26, c=8): P's prefill of the remote option takes the GPU from
+    D's streams, so its stall holds P's compute (not its queue); D alone is unchanged. Request 18 of that run:
+    4,718 tokens, nothing cached, one stream on D: without the device term P computed it (measured 363 ms where
+    D alone had been predicted at 151); with it D alone wins."""
+    d, ps = WorkerView("d", 0, load=1), [WorkerView("p", 0, queued_tokens=3000, load=2)]
+    apart = place(4718, d, ps, PRIORS, aligned_block=544)
+    shared = place(4718, d, ps, PRIORS, aligned_block=544, shared_device=True)
+    assert apart.prefiller == "p" and shared.local
+    assert shared.options[0] == apart.options[0]
+    for a, s in zip(apart.options[1:], shared.options[1:]):
+        compute = s.prefiller_ms - queue_ms(PRIORS, 3000, 2)
+        assert s.stall_ms == pytest.approx(a.stall_ms + compute) and compute > 50
+        assert s.gap_ms >= a.gap_ms and s.ttft_ms > a.ttft_ms  # D's stream decodes between P's steps
+        assert s.cost_ms == pytest.approx(s.ttft_ms + d.load * s.stall_ms)
+
+
+@PROPS
+@given(scenario())
+def test_on_a_shared_device_a_prefiller_holding_less_stalls_the_decoder_more(s):
+    """Shared device, prefillers holding no more than D: a remote option to the boundary computes at least D
+    alone's tokens in at least its steps (P's part and D's tail), so each of D's streams waits at least as long
+    for it as for D alone. (To N-1 the last token rides in D's decode step, priced without its context.)"""
+    d = s["decoder"]
+    ps = [dataclasses.replace(p, hit=min(p.hit, d.hit)) for p in s["prefillers"]]
+    p = place(s["prompt_tokens"], d, ps, s["rates"], aligned_block=s["aligned_block"], shared_device=True)
+    local = p.options[0]
+    for o in p.options[1:]:
+        if o.stop == BOUNDARY:
+            assert o.stall_ms >= local.stall_ms * (1 - 1e-9) - 1e-9, (o, local)
