@@ -85,7 +85,7 @@ case $cmd in
     end=$((SECONDS + ${1:?seconds})); mark=${2:-all}
     while [ $SECONDS -lt $end ] && ! grep -q "^$mark" /root/res/done.txt 2>/dev/null; do sleep 5; done
     cat /root/res/done.txt 2>/dev/null || true
-    for f in /root/res/*/*.log; do [ -e "$f" ] && { echo "== $f"; grep -v '{' "$f" | tail -3; }; done
+    for f in /root/res/*/*.log; do [ -e "$f" ] && { echo "== $f"; { grep -v '{' "$f" || true; } | tail -3; }; done
     tar -czf "${OUT:?}/res.tgz" -C /root/res . ; ls -la "$OUT" ;;
   save-cache)
     out=${1:?out folder}; mkdir -p "$out"
