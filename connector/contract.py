@@ -21,6 +21,8 @@ TINY_SERVED_NAME = "hybrid-pd-tiny"
 # In the prefill request's kv_transfer_params: where this prefiller stops computing the prompt, chosen per turn by
 # the proxy's placement (proxy/placement/cost_model.py): "boundary", the last aligned block boundary below the
 # prompt's end (one engine step in align mode; D computes the tail), or "last", N-1 tokens (two steps in align
-# mode; D computes the last token in its decode step). Absent: the engine's own setting (prefill_to_boundary).
+# mode; D computes the last token in its decode step), or a token position (a junction: where the next turn is
+# expected to diverge, e.g. where the last message starts; P stops at the aligned boundary at or below it and D
+# computes the rest, so that D holds the state there). Absent: the engine's own setting (prefill_to_boundary).
 PREFILL_STOP = "hybrid_pd_prefill_stop"
 STOP_BOUNDARY, STOP_LAST = "boundary", "last"

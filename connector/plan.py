@@ -16,7 +16,8 @@ local prefix hit of `h` tokens; `0` is vLLM's null placeholder block):
     checkpoint D:      a spare block u, registered in D's prefix cache for boundary 3bs: u <- k
 
 A Mamba group moves only the state D resumes from (plus, if given, the checkpoint at the last block boundary
-P holds, when that boundary lies strictly between D's hit and `n`). An attention group moves the blocks
+P holds, when that boundary lies past D's hit and at most at `n`: at `n` where P stopped at a junction, for D
+to keep as a checkpoint of its own while its request goes on from the same state). An attention group moves the blocks
 from D's hit up to `n`. Reads whose local and remote ids both ascend by one are coalesced into one `Run`,
 which the transport turns into one descriptor per layer region when the region's blocks abut.
 """
@@ -129,7 +130,7 @@ def plan_transfer(
             dropped += sum(1 for b in remote[: needed - 1] if b == NULL_BLOCK)
             pairs = []
             for cp in checkpoints:
-                if cp.group == g and local_hit_tokens < cp.tokens < num_tokens and cp.tokens % bs == 0:
+                if cp.group == g and local_hit_tokens < cp.tokens <= num_tokens and cp.tokens % bs == 0:
                     pairs.append((cp.local_block, cp.remote_block))
                     kept.append(cp)
             if num_tokens > local_hit_tokens:

@@ -28,11 +28,12 @@ from hybrid_pd.connector.messages import (
     RemotePrefill,
     parse_remote_prefill,
 )
-from hybrid_pd.connector.plan import Checkpoint, GroupSpec, plan_transfer
+from hybrid_pd.connector.plan import NULL_BLOCK, Checkpoint, GroupSpec, plan_transfer
 from hybrid_pd.connector.step import LoadJob, StepMeta
 
 log = logging.getLogger("vllm." + __name__)  # under vLLM's configured logger
 MARK_TRUNCATED = "_hybrid_pd_truncated"
+MARK_JUNCTION = "_hybrid_pd_junction"  # P stopped at a junction: the state there crosses as a checkpoint too
 
 
 class CheckpointStore(Protocol):
@@ -111,8 +112,9 @@ class SchedulerSide:
         aligned checkpoint: D caches it as its own and no separate checkpoint crosses. Prompts shorter than a
         block, or attention-only models, keep the N-1 rule (D always computes the last token itself).
         The proxy may choose per request (PREFILL_STOP in its kv_transfer_params: "last" for N-1, when the
-        decoder is busy and the tail's step would stall its streams; "boundary"); without it, the engine's
-        setting. Once per request, whatever preemption does; vllm_request.truncate_prompt does the cutting
+        decoder is busy and the tail's step would stall its streams; "boundary"; a token position, a junction
+        where the next turn is expected to diverge: P stops at the aligned boundary at or below it, so that D
+        holds the state there and computes the rest itself); without it, the engine's setting. Once per request, whatever preemption does; vllm_request.truncate_prompt does the cutting
         (vLLM's private token lists are the glue's to edit)."""
         params = request.kv_transfer_params
         if not params or not params.get("do_remote_decode") or params.get(MARK_TRUNCATED):
@@ -121,8 +123,12 @@ class SchedulerSide:
         if n < 2 or request.prompt_token_ids is None:
             return 0
         stop = params.get(PREFILL_STOP)
-        boundary = self.aligned if stop == STOP_BOUNDARY else 0 if stop == STOP_LAST else self.boundary
-        keep = (n - 1) // boundary * boundary if boundary else 0
+        if isinstance(stop, int) and not isinstance(stop, bool) and self.aligned and stop >= self.aligned:
+            keep = min(stop, n - 1) // self.aligned * self.aligned  # a junction: the boundary at or below it
+            params[MARK_JUNCTION] = True
+        else:
+            boundary = self.aligned if stop == STOP_BOUNDARY else 0 if stop == STOP_LAST else self.boundary
+            keep = (n - 1) // boundary * boundary if boundary else 0
         request.max_tokens = 1
         params[MARK_TRUNCATED] = True
         if self.digests:
@@ -164,7 +170,7 @@ class SchedulerSide:
         num_tokens = request.num_computed_tokens
         if num_tokens <= 0 or not any(block_ids):
             return False, None
-        refs = self._pin_checkpoints(request, num_tokens)
+        refs = self._pin_checkpoints(request, num_tokens, block_ids)
         self._meta.leases[request.request_id] = self.lease_s
         # The proxy names the engine whose handshake the chosen decoder holds already: ours, then none is sent.
         handshakes = [] if params.get(DECODER_KNOWS) == self.engine_id else self.handshakes
@@ -183,12 +189,24 @@ class SchedulerSide:
         self._awaiting[request.request_id] = out
         return True, out
 
-    def _pin_checkpoints(self, request: Any, num_tokens: int) -> list[CheckpointRef]:
+    def _pin_checkpoints(
+        self, request: Any, num_tokens: int, block_ids: Sequence[Sequence[int]]
+    ) -> list[CheckpointRef]:
         refs: list[CheckpointRef] = []
         if not self.ship_checkpoints:
             return refs
+        # At a junction P's stop is a boundary D resumes from but would not keep (vLLM caches a prompt's state at
+        # its last boundary only, and D's prompt goes on): the request's own state block there crosses a second
+        # time, as a checkpoint for D to keep (P holds it for D's READ as it holds every block of the request).
+        junction = bool((request.kv_transfer_params or {}).get(MARK_JUNCTION))
         for g, spec in enumerate(self.groups):
             boundary = num_tokens // spec.block_size * spec.block_size
+            if spec.kind == "mamba" and junction and 0 < boundary == num_tokens:
+                ids = block_ids[g] if g < len(block_ids) else []
+                index = num_tokens // spec.block_size - 1
+                if index < len(ids) and ids[index] != NULL_BLOCK:
+                    refs.append(CheckpointRef(g, ids[index], num_tokens))
+                continue
             if spec.kind != "mamba" or not 0 < boundary < num_tokens:
                 continue
             pinned = self._store.pin(request, g, boundary)
@@ -262,7 +280,7 @@ class SchedulerSide:
         if not self.ship_checkpoints:
             return out
         for ref in remote.checkpoints:
-            if hit < ref.tokens < num_tokens and ref.group < len(self.groups):
+            if hit < ref.tokens <= num_tokens and ref.group < len(self.groups):  # == : a junction's
                 local = self._store.reserve(ref.group)
                 if local is not None:
                     out.append(Checkpoint(ref.group, ref.block, local, ref.tokens))

@@ -17,6 +17,7 @@ import time
 import psutil
 import pytest
 
+from hybrid_pd.connector.contract import PREFILL_STOP
 from tests.support import controls
 from tests.support.conversation import (ANSWER_TOKENS, assert_same_greedy, cached, colocated_pass, complete,
                                         decided_tokens, greedy_reference, logprob_delta, text_of, tokenize)
@@ -82,7 +83,17 @@ def reference(engines):
     out["shipped"] = {"ids": ids, "first": first, "next": nxt, "next_cached": cached(answer),
                       "next_answer": decided_tokens(answer)}
     out["controls"] = controls.references(ref, BS + 2)
+    out["junction"] = junction_turns(ref)
     return out
+
+
+def junction_turns(ref: str) -> dict:
+    """An agent loop's two turns: history + a fixed instruction, then history + new words + the instruction
+    again (diverging where the instruction began), as token ids; the second turn's answer from one engine."""
+    history, instruction = tokenize(ref, text_of(600, 41_600)), tokenize(ref, " " + text_of(300, 41_300))
+    nxt = history + tokenize(ref, " " + text_of(200, 41_200)) + instruction
+    answer = complete(ref, nxt, ANSWER_TOKENS, logprobs=2)
+    return {"prompt": history + instruction, "at": len(history), "next": nxt, "next_answer": decided_tokens(answer)}
 
 
 def test_the_launcher_names_the_aligned_block_vllm_picked(engines, reference):
@@ -244,6 +255,30 @@ def test_next_turn_straight_to_decoder_hits_and_answers_as_one_engine(engines, r
           f"decided tokens compared {compared} of {ANSWER_TOKENS} each")
     assert all(ours >= engine for ours, engine in zip(got, conv["cached_next"])), (got, conv["cached_next"])
     assert got[0] > 0
+
+
+def test_a_junction_stop_leaves_the_decoder_the_state_where_the_next_turn_diverges(engines, reference):
+    """P asked to stop at a junction (a token position: where an agent loop's fixed last instruction begins,
+    proxy/pd_flow.py): P stops at the block boundary at or below it and D computes the rest itself. The next
+    turn, which diverges there, straight to D: D hits that boundary, from P's state (D never computed it), and
+    answers as one engine. The same turn after P stopped at its last boundary (the default) hits nothing below
+    the divergence: the control."""
+    urls = engines.up("p", "d")
+    j = reference["junction"]
+    n, junction = len(j["prompt"]), j["at"] // BS * BS
+    assert 0 < junction < (n - 1) // BS * BS  # the default stop lies past the divergence
+    p_resp, _ = pd_complete(urls["p"], urls["d"], j["prompt"], max_tokens=4, p_params={PREFILL_STOP: j["at"]})
+    assert p_resp["kv_transfer_params"]["remote_num_tokens"] == junction
+    resp = complete(urls["d"], j["next"], ANSWER_TOKENS, logprobs=2)
+    compared = assert_same_greedy(j["next_answer"], resp, "decoder-alone turn from a junction stop")
+    other = tokenize(urls["d"], text_of(600, 42_600))  # the control: another history, P to its last boundary
+    rest = j["prompt"][j["at"]:]
+    p_resp, _ = pd_complete(urls["p"], urls["d"], other + rest, max_tokens=4)
+    control = complete(urls["d"], other + j["next"][j["at"]:], 2)
+    print(f"\njunction at {j['at']} of {n} tokens: P stopped at {junction}; the next turn straight to D hits "
+          f"{cached(resp)} ({compared} decided tokens equal); after a stop at the last boundary "
+          f"({p_resp['kv_transfer_params']['remote_num_tokens']}) it hits {cached(control)}")
+    assert cached(resp) == junction and cached(control) < len(other) // BS * BS
 
 
 def post_and_hang_up(url: str, body: dict) -> None:

@@ -55,8 +55,8 @@ def test_checkpoint_at_last_boundary_is_shipped_next_to_the_state():
     assert plan.checkpoints == (cp,)
 
 
-@pytest.mark.parametrize("tokens,hit", [(700, 512), (512, 0), (256 + 1, 0)])
-def test_checkpoint_not_strictly_inside_the_load_is_dropped(tokens, hit):
+@pytest.mark.parametrize("tokens,hit", [(700, 512), (256 + 1, 0)])
+def test_checkpoint_outside_the_load_is_dropped(tokens, hit):
     cp = Checkpoint(group=0, remote_block=17, local_block=30, tokens=512 if tokens != 257 else 300)
     n = cdiv(tokens, 256)
     plan = plan_transfer(GROUPS, remote_ids=[[0] * (n - 1) + [9], list(range(10, 10 + n))],
@@ -64,6 +64,16 @@ def test_checkpoint_not_strictly_inside_the_load_is_dropped(tokens, hit):
                          num_tokens=tokens, local_hit_tokens=hit, checkpoints=[cp])
     assert plan.checkpoints == ()
     assert all(r.remote_start != 17 for r in plan.runs)
+
+
+def test_a_junctions_checkpoint_at_the_stop_is_read_beside_the_state_d_resumes_from():
+    """P stopped at a junction (a boundary): its state there crosses twice, into the request's state block and
+    into a spare block D registers as a checkpoint (D's prompt goes on, so vLLM would not keep that one)."""
+    cp = Checkpoint(group=0, remote_block=9, local_block=30, tokens=512)
+    plan = plan_transfer(GROUPS, remote_ids=[[0, 9], [10, 11]], local_ids=[[0, 31], [40, 41]],
+                         num_tokens=512, local_hit_tokens=0, checkpoints=[cp])
+    assert plan.checkpoints == (cp,)
+    assert sorted((r.local_start, r.remote_start) for r in plan.runs if r.group == 0) == [(30, 9), (31, 9)]
 
 
 def test_a_needed_placeholder_or_short_list_is_refused():

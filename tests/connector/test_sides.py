@@ -73,6 +73,31 @@ def test_the_request_chooses_where_the_prefiller_stops():
     attention_only = SchedulerSide(engine_id="P", host="h", port=7, groups=[GroupSpec("attention", 4)])
     asked = {"do_remote_decode": True, PREFILL_STOP: STOP_BOUNDARY}
     assert attention_only.on_new_request(request(11, asked)) == 10
+    assert attention_only.on_new_request(request(11, {"do_remote_decode": True, PREFILL_STOP: 6})) == 10
+
+
+def test_a_junction_stop_leaves_the_prefiller_at_the_boundary_below_it():
+    """A token position as the stop (where the next turn is expected to diverge): P stops at the aligned block
+    boundary at or below it (never past N-1); one below the first boundary, or not a count, is not a junction."""
+    p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS)
+    for stop, keep in ((6, 4), (8, 8), (9, 8), (40, 8), (3, 8), (True, 8), ("6", 8)):
+        assert p.on_new_request(request(11, {"do_remote_decode": True, PREFILL_STOP: stop})) == keep, stop
+
+
+def test_at_a_junction_the_state_p_stopped_at_crosses_as_a_checkpoint_too():
+    """D resumes from it and goes on computing its prompt, so vLLM would not keep it on D: it crosses as a
+    checkpoint for D to register. At the last boundary (the default stop) nothing extra crosses."""
+    store = FakeStore()
+    p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, lease_s=9, checkpoints=store)
+    for stop, blocks, shipped in ((6, ([7], [5]), [(0, 7, 4)]), (STOP_BOUNDARY, ([0, 3], [5, 6]), [])):
+        req = request(11, {"do_remote_decode": True, PREFILL_STOP: stop}, req_id=f"r{stop}")
+        keep = p.on_new_request(req)
+        truncate_prompt(req, keep)
+        req.num_computed_tokens = keep
+        _, params = p.request_finished(req, blocks, finished_ok=True)
+        crossing = [(c["group"], c["block"], c["tokens"]) for c in params["checkpoints"]]
+        assert params["remote_num_tokens"] == keep and crossing == shipped, stop
+    assert store.pinned == []  # the request's own state block: held for D's READ with the rest of its blocks
 
 
 def test_prefiller_cuts_one_token_and_returns_params_with_a_pinned_checkpoint():

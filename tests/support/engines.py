@@ -153,8 +153,9 @@ class Engines:
 
 
 def pd_complete(p_url: str, d_url: str, prompt: str | list[int], max_tokens: int = 12,
-                **extra) -> tuple[dict, dict]:
-    p_resp = complete(p_url, prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+                p_params: dict | None = None, **extra) -> tuple[dict, dict]:
+    """P then D as the proxy's flow calls them; `p_params`: more of P's kv_transfer_params (its stop)."""
+    p_resp = complete(p_url, prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True, **(p_params or {})})
     params = p_resp.get("kv_transfer_params")
     assert params and params["remote_block_ids"], p_resp
     return p_resp, complete(d_url, prompt, max_tokens, kv_transfer_params=params, **extra)
