@@ -114,8 +114,9 @@ class SchedulerSide:
         The proxy may choose per request (PREFILL_STOP in its kv_transfer_params: "last" for N-1, when the
         decoder is busy and the tail's step would stall its streams; "boundary"; a token position, a junction
         where the next turn is expected to diverge: P stops at the aligned boundary at or below it, so that D
-        holds the state there and computes the rest itself); without it, the engine's setting. Once per request, whatever preemption does; vllm_request.truncate_prompt does the cutting
-        (vLLM's private token lists are the glue's to edit)."""
+        holds the state there and computes the rest itself); without it, the engine's setting. Once per
+        request, whatever preemption does; vllm_request.truncate_prompt does the cutting (vLLM's private token
+        lists are the glue's to edit)."""
         params = request.kv_transfer_params
         if not params or not params.get("do_remote_decode") or params.get(MARK_TRUNCATED):
             return 0

@@ -4,6 +4,8 @@ renderer computes them, instead of a POST /tokenize to a worker per routed reque
     LocalTokenizer.load(folder)      the model's Hugging Face tokenizer (transformers.AutoTokenizer, as vLLM loads it)
     .tokens(request) -> ids | None   None: a request shape this module does not reproduce exactly (the caller asks
                                      a worker's /tokenize instead)
+    .last_message_start(request, ids) -> int | None   chat: the tokens before the last message (a junction: where
+                                     an agent loop's next turn, which drops a fixed last instruction, diverges)
 
 What vLLM does, and what is reproduced here:
 - completions, a string prompt: `tokenizer.encode(prompt, add_special_tokens=...)` (default True);
@@ -83,7 +85,20 @@ class LocalTokenizer:
             return list(self.tokenizer.encode(prompt, add_special_tokens=special))
         return self._chat_tokens(body)
 
-    def _chat_tokens(self, body: dict[str, Any]) -> list[int] | None:
+    def last_message_start(self, request: OpenAIRequest, ids: list[int]) -> int | None:
+        """Chat: how many of the prompt's tokens `ids` (this module's, or vLLM's: the same) precede its last
+        message, i.e. the earlier messages as the template renders them, where that rendering is a prefix of the
+        whole (a template that renders earlier messages by what follows them is not: None). None for completions,
+        a single message, or a request shape `tokens` does not reproduce."""
+        body = request.body
+        if request.endpoint != "chat" or len(body.get("messages") or ()) < 2:
+            return None
+        rendered = self._chat_tokens(body, earlier_only=True)
+        if rendered is None or not 0 < len(rendered) < len(ids) or ids[: len(rendered)] != rendered:
+            return None
+        return len(rendered)
+
+    def _chat_tokens(self, body: dict[str, Any], earlier_only: bool = False) -> list[int] | None:
         if not self.chat or any(body.get(k) is not None for k in _CHAT_FIELDS_NOT_REPRODUCED):
             return None
         if body.get("add_special_tokens", False) is not False:
@@ -97,6 +112,8 @@ class LocalTokenizer:
         generation, cont = body.get("add_generation_prompt", True), body.get("continue_final_message", False)
         if not isinstance(generation, bool) or not isinstance(cont, bool) or (generation and cont):
             return None  # vLLM refuses both at once (a 400 from the worker)
+        if earlier_only:  # every message but the last, closed as the template closes a message
+            conversation, generation, cont = conversation[:-1], False, False
         ids = self.tokenizer.apply_chat_template(
             conversation,
             tokenize=True,

@@ -2,15 +2,25 @@
 with the child's last log lines, and leaves no process behind; a healthy one is warmed up before its ready
 file appears."""
 
+import json
 import subprocess
 
 import psutil
 import pytest
 
-import json
-
-from hybrid_pd.prefill.launch.warmup import (CONCURRENT, EXTEND_TOKENS, MAX_TOKENS, MOE_STEP_KEYS, ODD, batch_sizes,
-                                             is_moe, moe_steps, parse_lengths, parse_steps, plan)
+from hybrid_pd.prefill.launch.warmup import (
+    CONCURRENT,
+    EXTEND_TOKENS,
+    MAX_TOKENS,
+    MOE_STEP_KEYS,
+    ODD,
+    batch_sizes,
+    is_moe,
+    moe_steps,
+    parse_lengths,
+    parse_steps,
+    plan,
+)
 from tests.support.procs import HYBRID_PD, free_port, metric_sum, scrape_metrics, worker_argv
 
 

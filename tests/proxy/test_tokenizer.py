@@ -254,3 +254,27 @@ def test_auto_loads_what_the_decoders_name_a_folder_as_is_an_id_from_the_cache_o
             assert calls == [(root, not root_is_a_folder)]
 
     run(body(), timeout=60)
+
+
+def test_the_last_message_starts_where_the_earlier_messages_end(local):
+    """An agent loop's turn: the conversation, then a fixed instruction as the last message. The junction is
+    the earlier messages rendered alone (closed, no generation prompt), a prefix of the whole prompt's ids; the
+    next turn, which keeps the conversation and drops the instruction, shares exactly those tokens."""
+    history = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "List files."},
+               {"role": "assistant", "content": "ls"}, {"role": "user", "content": "a.txt b.txt"}]
+    instruction = {"role": "user", "content": "Answer with one command."}
+    body = chat(*history, instruction)
+    request = parse_request("chat", json.dumps(body).encode())
+    ids = local.tokens(request)
+    at = local.last_message_start(request, ids)
+    assert at is not None and 0 < at < len(ids)
+    following = chat(*history, {"role": "assistant", "content": "cat a.txt"}, {"role": "user", "content": "hi"},
+                     instruction)
+    nxt = tokens(local, "chat", following)
+    diverges = next(i for i, (a, b) in enumerate(zip(nxt, ids)) if a != b)
+    assert at <= diverges <= at + 4  # in the next message's header: its role
+    alone = parse_request("chat", json.dumps(chat(instruction)).encode())
+    assert local.last_message_start(alone, local.tokens(alone)) is None  # one message: no junction
+    completion = parse_request("completions", json.dumps({"model": "m", "prompt": "a b c"}).encode())
+    assert local.last_message_start(completion, [1, 2, 3]) is None
+    assert local.last_message_start(request, [7] + ids[1:]) is None  # not a prefix of these ids
