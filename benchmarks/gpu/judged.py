@@ -182,7 +182,7 @@ def basis_md(basis: dict) -> list[str]:
              "|---" * (5 + len(concs)) + "|"]
     for name, r in rates.items():
         m = basis["hybrid_misroutes"].get(name) or {}
-        wrong = " | ".join(str(m.get(k, "-") if m.get(k) is not None else "-")
-                           for k in ("turns", "recomputed_tokens", "inherent"))
-        lines.append(f"| {name} | {show(r.get('all'))} | " + " | ".join(show(r.get(c)) for c in concs) + f" | {wrong} |")
+        wrong = " | ".join("-" if m.get(k) is None else str(m[k]) for k in ("turns", "recomputed_tokens", "inherent"))
+        each = " | ".join(show(r.get(c)) for c in concs)
+        lines.append(f"| {name} | {show(r.get('all'))} | {each} | {wrong} |")
     return lines

@@ -60,7 +60,8 @@ def test_gaps_over_the_bound_and_the_d_alone_prefill_they_overlap():
 def test_p_recomputing_what_d_held_after_a_d_alone_turn():
     rows, decisions = cell()
     text = "\n".join(cold_table(rows, join(rows, decisions)))
-    assert "| 5 | a/2 | 7999 | 1471 | 6528 |" in text and text.endswith("P computed 6528 tokens that D held, on these turns.")
+    assert "| 5 | a/2 | 7999 | 1471 | 6528 |" in text
+    assert text.endswith("P computed 6528 tokens that D held, on these turns.")
     rows[1]["computed_on"] = "prefill"  # a/1 went remote too: P held the prefix, nothing to count
     assert "| 5 |" not in "\n".join(cold_table(rows, join(rows, decisions)))
 
