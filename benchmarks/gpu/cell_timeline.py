@@ -9,7 +9,9 @@ Prints markdown:
   (colocated: N - hit; upstream: P's N - 1 - hit, its hit being P's cached tokens; ours: the chosen option's P and D
   tokens from the placement line);
 - ours, each turn served on D alone: the tokens D computed, D's streams as the model saw them, and the gaps over
-  --stall-ms of other turns that overlap its prefill (sent to first token), then where every such gap fell;
+  --stall-ms of other turns that overlap its prefill (sent to first token), then where every such gap fell; and
+  the decision against the remote path: D alone's cost, the remote option's price, the P calls under way then
+  (their P tokens, how long P took to answer them all) and the TTFT of the remote turns sent about then;
 - ours, remote turns whose session's previous turn was served on D alone: what P computed (from its own hit) against
   N - 1 - D's hit, what it would have computed had it held D's prefix;
 - ours, P's call as priced (times the factor in force at the decision) against as measured, in bins of the price.
@@ -35,6 +37,7 @@ else:  # run as a script: its own folder is on sys.path
 
 OURS, SETUPS = "hybrid-pd-1p1d", ("colocated", "upstream", "hybrid-pd-1p1d")
 PRICE_BINS = (250.0, 400.0)  # ms: P's call priced below, between, above
+NEAR_S = 0.12  # s: the remote turns sent this close to a D-alone one stand for what the remote path took then
 
 
 def cell(part: dict, workload: str, length: int, conc: int) -> dict | None:
@@ -131,6 +134,30 @@ def local_table(rows: list[dict], placed: dict[int, dict], over_ms: float) -> li
     return out
 
 
+def choice_table(rows: list[dict], placed: dict[int, dict], near_s: float = NEAR_S) -> list[str]:
+    """Ours: each D-alone decision against the remote path: D alone's cost in the objective (TTFT + streams x stall),
+    the remote option's predicted TTFT, the P tokens of the remote calls under way then and how long P took to answer
+    them all, and the median TTFT the remote turns sent within `near_s` of it had."""
+    def p_end(r: dict) -> float:
+        return r["sent_s"] + placed[id(r)]["p_ms"] / 1e3
+
+    remote = [r for r in rows if r.get("computed_on") == "prefill" and placed.get(id(r), {}).get("p_ms")]
+    out = ["| request | D alone's cost ms | remote predicted TTFT ms | P tokens under way | P answered them within "
+           f"s | remote turns within {near_s:.2f} s: TTFT median ms |", "|---" * 6 + "|"]
+    for r in sorted(rows, key=lambda r: r["sent_s"]):
+        d = placed.get(id(r))
+        if r.get("computed_on") != "decode" or not d:
+            continue
+        busy = [x for x in remote if x["sent_s"] < r["sent_s"] < p_end(x)]
+        near = [x["ttft_s"] * 1e3 for x in remote if abs(x["sent_s"] - r["sent_s"]) <= near_s]
+        priced = min((o["ttft"] for o in d["options"][1:]), default=float("nan"))  # the fastest remote option
+        out.append(f"| {d['id']} | {d['options'][0]['cost']:.0f} | {priced:.0f} | "
+                   f"{sum(chosen(placed[id(x)])['p'] for x in busy)} | "
+                   f"{max((p_end(x) - r['sent_s'] for x in busy), default=0.0):.2f} | "
+                   f"{statistics.median(near) if near else float('nan'):.0f} |")
+    return out
+
+
 def cold_table(rows: list[dict], placed: dict[int, dict]) -> list[str]:
     """Ours: remote turns after a D-alone turn of their session: P computed from its own hit what D held."""
     by = {(r["session"], r["turn"]): r for r in rows}
@@ -170,7 +197,9 @@ def report(folder: Path, workload: str, length: int, conc: int, over_ms: float) 
     lines = [f"## {folder.name}: {workload} {length} c={conc}", "", *setups_table(runs, placed, over_ms)]
     if OURS in runs and placed:
         rows = runs[OURS]["rows"]
-        lines += ["", *local_table(rows, placed, over_ms), "", *cold_table(rows, placed), "", *price_table(placed)]
+        for table in (local_table(rows, placed, over_ms), choice_table(rows, placed), cold_table(rows, placed),
+                      price_table(placed)):
+            lines += ["", *table]
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.gpu.cell_timeline import chosen, cold_table, computed, join, local_table, price_table, report, stalls
+from benchmarks.gpu.cell_timeline import (
+    choice_table,
+    chosen,
+    cold_table,
+    computed,
+    join,
+    local_table,
+    price_table,
+    report,
+    stalls,
+)
 
 JUDGED = Path(__file__).parents[2] / "benchmarks/results/2026-11-26-h100-qwen3next-judged-vllm033"
 
@@ -30,7 +40,7 @@ def cell():
             row("c", 0, 0.45, 50, [70, 10], "prefill", 2000),
             row("a", 2, 0.6, 300, [10], "prefill", 8000, hit=6528)]
     decisions = [decision(1, 9999, "D", 9999, 9998),  # a turn of another cell, before this one
-                 decision(2, 3000, "last", 3000, 2999, streams=0),
+                 decision(2, 3000, "last", 3000, 2999, streams=0, p_ms=280.0),
                  decision(3, 6000, "D", 1648, 5999, streams=1),
                  decision(4, 2000, "last", 2000, 1999, streams=2, p_ms=300.0, p_predicted=500.0),
                  decision(5, 8000, "last", 1472, 7999, streams=1, p_ms=320.0, p_predicted=200.0)]
@@ -55,6 +65,15 @@ def test_gaps_over_the_bound_and_the_d_alone_prefill_they_overlap():
            "token 0; neither 1." in text
     rows[2]["sent_s"] = 0.3  # c/0's gap now falls within a/1's prefill
     assert "overlapping a D-alone prefill 2 (190 ms)" in "\n".join(local_table(rows, join(rows, decisions), 50.0))
+
+
+def test_a_d_alone_decision_against_the_remote_path_at_that_moment():
+    """a/1 (sent at 0.25 s) met b/0's P call under way (2,999 tokens, answered at 0.28 s); b/0 and c/0 were sent
+    within 0.25 s of it, with TTFTs of 200 and 50 ms."""
+    rows, decisions = cell()
+    assert choice_table(rows, join(rows, decisions), near_s=0.25)[2:] == ["| 3 | 100 | 300 | 2999 | 0.03 | 125 |"]
+    rows[0]["sent_s"] = -0.1  # b/0's call now answered at 0.18 s, before a/1 came; c/0 alone within 0.25 s
+    assert choice_table(rows, join(rows, decisions), near_s=0.25)[2:] == ["| 3 | 100 | 300 | 0 | 0.00 | 50 |"]
 
 
 def test_p_recomputing_what_d_held_after_a_d_alone_turn():
@@ -87,3 +106,4 @@ def test_the_judged_runs_c8_figures():
     assert "overlapping a D-alone prefill 21 (2202 ms); else at a remote turn's first token 3; neither 7." in text
     assert "| 37 | agent6/3 | 12129 | 2881 | 9248 |" in text and "P computed 23392 tokens that D held" in text
     assert "| 400-inf | 10 | 479 | 304 |" in text
+    assert "| 39 | 228 | 773 | 17649 | 0.31 | 402 |" in text and "| 27 | 851 | 867 | 12778 | 0.24 | 328 |" in text
