@@ -5,12 +5,14 @@
 summary.md is RESULTS_DIR/header.md (the narrative, if there is one) followed by the generated tables.
 
 Ratios are hybrid-pd over its peer, measured in the same run (same model, same GPU kind, same workloads):
-ttft_p50_vs_upstream and ttft_p50_vs_colocated on agentic at the headline length and concurrency 1;
+ttft_p50_vs_upstream_c1 and ttft_p50_vs_colocated_c1 on agentic at the headline length and concurrency 1;
 throughput_vs_upstream on agentic at the headline length and the highest concurrency; dlocal_ttft_vs_colocated:
 median over hybrid-pd's decoder-only turns (concurrency 1, no bytes moved, a prefix hit) of TTFT over the
 colocated engine's TTFT for the same request; transfer_vs_device_copy: hybrid-pd's GB/s on requests of at least
 the headline length over a device-to-device copy of the same bytes in the same call; equal_to_colocated: the
-fraction of hybrid-pd's requests whose greedy text equals the colocated engine's.
+fraction of hybrid-pd's requests whose greedy text equals the colocated engine's. The judged ratios against the peers
+(worst_vs_upstream, goodput against upstream and the best peer, the share of turns on D alone against a hindsight
+oracle's, hybrid misroutes) and their SLO: benchmarks/gpu/judged.py.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ import gzip
 import json
 import statistics
 from pathlib import Path
+
+if __package__:  # imported: benchmarks.gpu.merge
+    from .judged import basis_md, judged
+else:  # run as a script (python3 benchmarks/gpu/merge.py): its own folder is on sys.path
+    from judged import basis_md, judged  # type: ignore[no-redef]
 
 SETUPS = ("colocated", "upstream", "hybrid-pd-1p1d")
 XFER_S = ("vllm:hybrid_pd_xfer_time_seconds_sum", "vllm:nixl_xfer_time_seconds_sum")
@@ -188,11 +195,11 @@ def merge(folder: Path, headline: int) -> dict:
     xfer_ratio = [(b / s) / speed[int(b)] / 1e9 for b, s in xfer if int(b) in speed]
     alone = {a["concurrency"]: a for a in base.get(ours, {}).get("decode_alone", []) if a.get("itl_p50_ms")}
     ratios = {
-        "ttft_p50_vs_upstream": ratio(get(ours, "agentic", headline, 1, "ttft_p50_ms"),
+        "ttft_p50_vs_upstream_c1": ratio(get(ours, "agentic", headline, 1, "ttft_p50_ms"),
                                       get("upstream", "agentic", headline, 1, "ttft_p50_ms")),
         "throughput_vs_upstream": ratio(get(ours, "agentic", headline, top, "tok_s"),
                                         get("upstream", "agentic", headline, top, "tok_s")),
-        "ttft_p50_vs_colocated": ratio(get(ours, "agentic", headline, 1, "ttft_p50_ms"),
+        "ttft_p50_vs_colocated_c1": ratio(get(ours, "agentic", headline, 1, "ttft_p50_ms"),
                                        get("colocated", "agentic", headline, 1, "ttft_p50_ms")),
         "dlocal_ttft_vs_colocated": statistics.median(dlocal) if dlocal else None,
         "itl_p50_vs_colocated": ratio(get(ours, "agentic", headline, top, "itl_p50_ms"),
@@ -210,11 +217,14 @@ def merge(folder: Path, headline: int) -> dict:
     ratios["pd_overhead_ms_c1_upstream"] = pd_tax(phases, "upstream")
     ratios["prefill_vs_upstream_prefill"] = prefill_vs_upstream(folder, "hybrid")
     ratios["prefill_vs_upstream_prefill_same_work"] = prefill_vs_upstream(folder, "hybrid-full")
+    judged_ratios, judged_basis = judged(parts, tables, headline)
+    ratios |= judged_ratios
     extra = folder / "extra_ratios.json"  # figures measured elsewhere (e.g. the CPU bed), each with its source
     if extra.exists():
         ratios.update({k: v["value"] for k, v in json.loads(extra.read_text()).items()})
     return {"ratios": ratios, "ratio_basis": {"headline_length": headline, "throughput_concurrency": top,
-                                              "dlocal_turns": len(dlocal), "transfers_compared": len(xfer_ratio)},
+                                              "dlocal_turns": len(dlocal), "transfers_compared": len(xfer_ratio),
+                                              "judged": judged_basis},
             "equal_to_colocated": equal,
             "tables": [dict(workload=k[0], length=k[1], concurrency=k[2], setup=k[3], **v)
                        for k, v in sorted(tables.items())],
@@ -233,6 +243,7 @@ def summary_md(res: dict, title: str) -> str:
     lines = [f"## {title}: generated tables", "",
              "Ratios (hybrid-pd / peer, same run; basis in results.json `ratio_basis`):", ""]
     lines += [f"- `{k}`: {fmt(v, '.3g')}" for k, v in r.items()]
+    lines += basis_md(res["ratio_basis"].get("judged") or {})
     lines += ["", "| workload | length | c | set-up | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p99 ms | out tok/s "
               "| hits / oracle "
               "| bytes | descriptors | transfers | D alone | xfer ms | GB/s | equal to colocated | errors |",

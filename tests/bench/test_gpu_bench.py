@@ -75,8 +75,8 @@ def test_merge_ratios(tmp_path):
     for p in (col, up, ours):
         (tmp_path / f"part-{p['setup']}.json").write_text(json.dumps(p))
     r = merge.merge(tmp_path, 8192)["ratios"]
-    assert r["ttft_p50_vs_upstream"] == pytest.approx(0.15 / 0.40)  # p50 of two values: the upper one
-    assert r["ttft_p50_vs_colocated"] == pytest.approx(0.15 / 0.20)
+    assert r["ttft_p50_vs_upstream_c1"] == pytest.approx(0.15 / 0.40)  # p50 of two values: the upper one
+    assert r["ttft_p50_vs_colocated_c1"] == pytest.approx(0.15 / 0.20)
     assert r["throughput_vs_upstream"] == pytest.approx(600 / 400)
     assert r["dlocal_ttft_vs_colocated"] == pytest.approx(0.10 / 0.20)  # turn 1 moved no bytes and hit
     assert r["transfer_vs_device_copy"] == pytest.approx((4e7 / 0.1) / 1e12)
