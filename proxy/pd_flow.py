@@ -291,11 +291,17 @@ class PDFlow:
                 breakdown(chunk, turn.prefill_hit, turn.decoder_hit, "prefill")
             return fixed
 
+        # a turn D serves alone queues its uncached prompt on D until its first token (what the next turn's
+        # placement reads as D's queue: turns placed milliseconds apart see each other)
+        local = turn.transfer_params is None and turn.context.token_ids is not None
+        busy = self.pool.busy(decoder, turn.context.uncached_on(self.state.deps, decoder.url) if local else 0)
+
         def first_byte_out() -> None:
             turn.first_byte = time.perf_counter()
             self.record.ttft(endpoint, turn.first_byte - turn.started)
+            busy.prefilled()
 
-        with self.pool.busy(decoder):
+        with busy:
             async with self.upstream.open_post(
                 decoder.url, turn.body.path, body, stage="decode", first_byte_timeout=first_byte, headers=turn.headers
             ) as answer:

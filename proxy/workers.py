@@ -155,6 +155,12 @@ class Busy:
     def keep(self) -> None:
         self._kept = True
 
+    def prefilled(self) -> None:
+        """The request's prompt is computed (its first token is out): its tokens leave the worker's queue."""
+        if self._held and self.tokens:
+            self.worker.queued_tokens -= self.tokens
+            self.tokens = 0
+
     def release(self) -> None:
         if self._held:
             self._held = False

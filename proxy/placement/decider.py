@@ -87,7 +87,7 @@ class Decider:
         index knows none) and loads, at the rates learned so far."""
         state = self.state
         hits = context.all_hits(state.deps) if state.kv_index.workers else {}
-        d = WorkerView(decoder.url, hits.get(decoder.url, 0), decoder.streams)
+        d = WorkerView(decoder.url, hits.get(decoder.url, 0), decoder.streams, decoder.queued_tokens)
         ps = [WorkerView(p.url, hits.get(p.url, 0), p.streams, p.queued_tokens) for p in prefillers]
         config = self.config
         return place(

@@ -4,6 +4,7 @@ deciders misroute hybrid turns (counted per policy), usage carries the billing s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 
@@ -153,3 +154,26 @@ def test_a_busy_decoder_has_the_prefiller_compute_to_n_minus_1(caplog):
     assert "local_prefill, P factor 1.000" in said[1]
     assert "remote_prefill, P's call " in said[3] and f"P factor {rates.prefiller_call_factor:.3f}" in said[3]
     assert re.search(r"P's call [\d.]+ ms \(priced [\d.]+\)", said[3])
+
+
+def test_a_turn_d_serves_alone_queues_its_uncached_tokens_on_d_until_its_first_token():
+    """What the next turn's placement reads as D's queue (its WorkerView's queued_tokens): a turn D serves alone
+    counts the prompt tokens D still computes for it from the moment it is sent until its first token, so that
+    turns placed milliseconds apart price each other's prefill (the 2026-11-26 H100 run at c=8 placed three turns
+    on one decoder within 11 ms, each priced as if D were idle)."""
+    async def body():
+        async with kv_cluster() as (proxy, p, d1, d2, pubs):
+            # d2 holds 12 of the prompt's 16 tokens (attention and a checkpoint after block 3): D alone computes 4
+            await warm(proxy, pubs[2], d2.url, [stored(HASHES, 0, "full_attention"), stored([HASHES[2]], 1, "mamba")])
+            d2.hang = True
+            worker = next(w for w in proxy.state.pool.all("decode") if w.url == d2.url)
+            async with aiohttp.ClientSession() as s:
+                task = asyncio.ensure_future(s.post(proxy.url + "/v1/completions", json={
+                    "prompt": PROMPT, "max_tokens": 3, "stream": True}))
+                await asyncio.wait_for(d2.received.wait(), 10)
+                assert p.generate_calls == [] and worker.queued_tokens == 4  # sent, no first token yet
+                d2.release.set()
+                r = await task
+                assert r.status == 200 and "[DONE]" in await r.text()
+            assert worker.queued_tokens == 0
+    run(body())
