@@ -195,6 +195,12 @@ class ProxyMetrics:
             "Prompt tokens the decoder recomputed on those turns (held as attention blocks, no checkpoint)",
             ("policy",),
         )
+        self.junction_stops = Counter(
+            P + "junction_stops",
+            "Remote turns whose prefiller stopped where the prompt's last message starts, its state shipped for the "
+            "decoder to keep (the turn diverged from the decoder's cache where it held no checkpoint: an agent loop "
+            "that drops a fixed last instruction; --junction-checkpoints)",
+        )
         self.placement_rates = Gauge(
             P + "placement_rate",
             "The placement model's rates now (placement/cost_model.py: ms, MB, tokens), priors moved by this proxy's "
@@ -267,6 +273,9 @@ class FlowRecorder:
     def misroute(self, policy: str, tokens: int) -> None:
         self.metrics.hybrid_misroutes.labels(policy).inc()
         self.metrics.hybrid_misroute_tokens.labels(policy).inc(tokens)
+
+    def junction_stop(self) -> None:
+        self.metrics.junction_stops.inc()
 
     def misprediction(self, role: str, tokens: int) -> None:
         self.metrics.hit_mispredictions.labels(role).inc()

@@ -29,8 +29,10 @@ from hybrid_pd.connector.contract import DECODER_KNOWS, PREFILL_STOP
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .handshakes import HandshakeMemo
 from .http.request import Request
+from .kv.groups import aligned_block
 from .metrics import FlowRecorder
 from .openai_api import OpenAIRequest
+from .placement.cost_model import remote_tail
 from .placement.decider import Decider
 from .placement.disagg import is_remote
 from .relay import relay_json, relay_sse
@@ -126,6 +128,28 @@ class PDFlow:
         self.record.tokenized("failed" if tokens is None else "remote")
         return tokens
 
+    async def _junction(self, turn: Turn) -> int | None:
+        """Where the prompt's last message starts, as P's stop (a token position: P stops at the block boundary at
+        or below it and its state there crosses for D to keep), where that boundary lies below the stop the
+        placement chose; None otherwise (no local tokenizer, a shape it does not reproduce, a short history)."""
+        tokenizer, ids, placement = self.state.tokenizer, turn.context.token_ids, turn.placement
+        if tokenizer is None or not ids or placement is None:
+            return None
+        block = aligned_block(self.state.kv_index.specs)
+        try:
+            if turn.body.prompt_chars > INLINE_TOKENIZE_CHARS:  # milliseconds: off the event loop
+                at = await asyncio.to_thread(tokenizer.last_message_start, turn.body, ids)
+            else:
+                at = tokenizer.last_message_start(turn.body, ids)
+        except Exception as e:  # the template refused the shorter conversation: the placement's stop stands
+            log.info("no junction for %s: %r", turn.headers.get("X-Request-Id"), e)
+            return None
+        n = len(ids)
+        if at is None or block <= 0 or not block <= at // block * block < n - remote_tail(n, block, placement.stop):
+            return None
+        self.record.junction_stop()
+        return at
+
     async def _remote_tokens(self, turn: Turn) -> list[int] | None:
         body = turn.body.tokenize_body()
         workers = self.pool.admitted("decode") or self.pool.admitted("prefill")
@@ -203,7 +227,8 @@ class PDFlow:
         prefill_s = self.config.timeouts.prefill_s
         body = turn.body.prefill_body(self.config.kv.forward_token_ids)
         if turn.placement is not None and turn.placement.stop:  # where P stops: the placement's choice
-            body["kv_transfer_params"][PREFILL_STOP] = turn.placement.stop
+            junction = await self._junction(turn) if turn.diverged else None
+            body["kv_transfer_params"][PREFILL_STOP] = junction or turn.placement.stop
         if turn.decoder is not None:
             known = self.handshakes.known_to(prefiller.url, turn.decoder.url, turn.decoder.identity)
             if known is not None:

@@ -31,6 +31,7 @@ class Turn:
     decoder: Worker | None = None  # the decoder picked first (P is told whether it knows P's handshake)
     decided: float = 0.0  # time.perf_counter() when the decision was taken (what placement predicts from)
     placement: Placement | None = None  # policy ours: the model's prediction
+    diverged: bool = False  # remote, and it diverged from D's cache where D held attention blocks but no checkpoint
     streams: float = 0.0  # the decoder's streams when the decision was taken
     prefiller: Worker | None = None  # the prefiller that answered
     prefill_ms: float | None = None  # its call, as this proxy saw it

@@ -158,6 +158,15 @@ class DisaggConfig:
         "prefiller stalls the decoder's running streams as one on the decoder would",
         parse=boolean,
     )
+    junction_checkpoints: bool = setting(
+        True,
+        "junction_checkpoints",
+        "policy ours, chat: where a remote turn diverged from the decoder's cache past the decoder's last "
+        "checkpoint (an agent loop whose next turn drops a fixed last instruction), the prefiller stops where the "
+        "last message starts and that state crosses for the decoder to keep; the decoder computes the last "
+        "message itself, and the next turn, diverging there, hits it",
+        parse=boolean,
+    )
     min_prompt_tokens: int = setting(
         0,
         "min_prompt_tokens",

@@ -62,6 +62,7 @@ class Decider:
         if gated is None and prompt_tokens is not None:
             if policy == "ours" and prefillers:
                 turn.placement = self._place(context, decoder, prefillers, prompt_tokens, block)
+                turn.diverged = self._diverged(turn, decoder, block)
                 if cfg.log_placement:
                     log.info("placement %s: %s", turn.headers["X-Request-Id"], describe(turn.placement, prompt_tokens))
             elif policy in ("isl-bounding", "non-cached-tokens") and state.kv_index.workers:
@@ -99,6 +100,20 @@ class Decider:
             aligned_block=block,
             shared_device=config.shared_device,
         )
+
+    def _diverged(self, turn: Turn, decoder: Worker, block: int) -> bool:
+        """A remote chat turn that diverged from D's cache where D held attention blocks but no checkpoint (its
+        attention-only hit on D at least a block past its joint one): the conversation re-sends an earlier
+        prompt's beginning without its end, as an agent loop with a fixed last instruction does. The flow then
+        asks P to stop where this prompt's last message starts (pd_flow.py, --junction-checkpoints)."""
+        placement = turn.placement
+        if not self.config.junction_checkpoints or placement is None or placement.local or block <= 0:
+            return False
+        if turn.body.endpoint != "chat" or decoder.url not in self.state.kv_index.workers:
+            return False
+        context = turn.context
+        attention = context.attention_only(self.state.deps).get(decoder.url, 0)
+        return attention - context.hit_on(self.state.deps, decoder.url) >= block
 
     def _decoder_hit(self, context: RequestContext, decoder: Worker) -> int | None:
         if not context.token_ids or decoder.url not in self.state.kv_index.workers:
