@@ -6,12 +6,16 @@ per policy and round (rounds alternate the order). Each round runs its own agent
 of another policy's cached): turn 0 a 500-word prompt, turn k+1 = turn k + D's answer (its token ids) + new
 words, alternating a short tool result (15 words) and a long one (200 words); with `--suffix-words`, every turn
 ends with a fixed instruction that the next one does not keep (it diverges where the suffix began: the agent
-loop where the next turn diverges before the last boundary). `--concurrency` sessions at once.
+loop where the next turn diverges before the last boundary). `--chat`: the same loop as chat messages through
+/v1/chat/completions (a system message, then each answer and tool result as messages of their own, the instruction
+as the last user message), which the proxy tokenizes itself and where it knows where the last message starts
+(--junction-checkpoints). `--concurrency` sessions at once. A policy may carry more proxy flags after a colon
+(`ours:--no-junction-checkpoints`): each is a variant of its own in the tables.
 Per policy: TTFT p50/p90, the share of turns D served alone, P calls, bytes D pulled, hybrid misroutes and the
 tokens they recomputed, index mispredictions (proxy metrics), and the placement model's learned rates.
 
     bash deploy/dev.sh run python -m benchmarks.pd_policy_bench [--sessions 3] [--turns 6] [--rounds 2]
-        [--concurrency 1] [--suffix-words 0] [--policies ours,always-remote,isl-bounding,non-cached-tokens]
+        [--concurrency 1] [--suffix-words 0] [--chat] [--policies ours,always-remote,isl-bounding,non-cached-tokens]
         [--itl-slo-ms 0] [--out FILE.json]
 """
 
@@ -46,6 +50,25 @@ def stream_turn(url: str, prompt: list[int]) -> tuple[float, list[int], dict]:
     return ttft, ids, usage | {"text": text}
 
 
+def chat_session(proxy: str, salt: int, turns: int, suffix_words: int) -> list[dict]:
+    """`session` as chat: the history a list of messages, the instruction the last user message of every turn."""
+    history = [{"role": "system", "content": text_of(FIRST_WORDS, salt)}]
+    instruction = [{"role": "user", "content": text_of(suffix_words, 99)}] if suffix_words else []
+    out = []
+    for k in range(turns):
+        body = {"model": "tiny", "messages": history + instruction, "max_tokens": ANSWER, "temperature": 0.0,
+                "ignore_eos": True}
+        text, usage, ttft, _ = stream(proxy, "/v1/chat/completions", body)
+        hp = usage.get("hybrid_pd") or {}
+        out.append({"turn": k, "prompt_tokens": usage.get("prompt_tokens", 0), "ttft_s": ttft,
+                    "computed_on": hp.get("computed_on"),
+                    "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)})
+        words = SHORT_TOOL if k % 2 == 0 else LONG_TOOL
+        history = history + [{"role": "assistant", "content": text},
+                             {"role": "user", "content": text_of(words, salt * 100 + k)}]
+    return out
+
+
 def session(proxy: str, decode: str, salt: int, turns: int, suffix_words: int) -> list[dict]:
     """An agent's turns: its history (+ a fixed instruction suffix, re-sent at the end of every turn and not
     kept: the next turn diverges where it began), then D's answer and a tool result join the history."""
@@ -72,7 +95,8 @@ def proxy_figures(url: str) -> dict[str, float]:
             "misroutes": metric_sum(m, p + "hybrid_misroutes_total"),
             "misroute_tokens": metric_sum(m, p + "hybrid_misroute_recomputed_tokens_total"),
             "mispredictions": metric_sum(m, p + "hit_mispredictions_total"),
-            "mispredicted_tokens": metric_sum(m, p + "hit_mispredicted_tokens_total")}
+            "mispredicted_tokens": metric_sum(m, p + "hit_mispredicted_tokens_total"),
+            "junction_stops": metric_sum(m, p + "junction_stops_total")}
 
 
 def rates(url: str) -> dict[str, float]:
@@ -88,6 +112,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--suffix-words", type=int, default=0, help="a fixed instruction after each turn's history")
+    ap.add_argument("--chat", action="store_true", help="the sessions as chat messages (/v1/chat/completions)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--itl-slo-ms", default="0")
     ap.add_argument("--out", default="")
@@ -98,7 +123,7 @@ def main() -> None:
     procs: list[Launched] = []
     results: dict[str, dict] = {p: {"turns": [], "p_calls": 0.0, "bytes": 0.0, "misroutes": 0.0,
                                     "misroute_tokens": 0.0, "mispredictions": 0.0, "mispredicted_tokens": 0.0,
-                                    "rates": {}} for p in policies}
+                                    "junction_stops": 0.0, "rates": {}} for p in policies}
     try:
         workers = start_pd_pair(model, logs, procs, 600)
         salt = 0
@@ -108,8 +133,9 @@ def main() -> None:
                 proxy = Launched(f"proxy-{policy}-{rnd}", [
                     HYBRID_PD, "proxy", "--port", str(port), "--prefill", workers["p"].url, "--decode",
                     workers["d"].url, "--prefill-events", events_url(workers["p"]),
-                    "--decode-events", events_url(workers["d"]), "--pd-policy", policy,
-                    "--itl-slo-ms", args.itl_slo_ms], f"http://127.0.0.1:{port}", logs)
+                    "--decode-events", events_url(workers["d"]), "--pd-policy", policy.split(":")[0],
+                    "--itl-slo-ms", args.itl_slo_ms, *policy.partition(":")[2].split()],
+                    f"http://127.0.0.1:{port}", logs)
                 procs.append(proxy)
                 proxy.wait_healthy(60)
                 for k in range(30):  # until the proxy reads both workers' KV events (a restarted SUB misses some)
@@ -122,8 +148,13 @@ def main() -> None:
                 seeds = [7_000_000 + 1000 * (salt + i) for i in range(1, args.sessions + 1)]
                 salt += args.sessions
                 with ThreadPoolExecutor(args.concurrency) as pool:
-                    jobs = [(proxy.url, workers["d"].url, seed, args.turns, args.suffix_words) for seed in seeds]
-                    for turns in pool.map(lambda job: session(*job), jobs):
+                    if args.chat:
+                        chats = [(proxy.url, seed, args.turns, args.suffix_words) for seed in seeds]
+                        runs = pool.map(lambda job: chat_session(*job), chats)
+                    else:
+                        jobs = [(proxy.url, workers["d"].url, seed, args.turns, args.suffix_words) for seed in seeds]
+                        runs = pool.map(lambda job: session(*job), jobs)
+                    for turns in runs:
                         results[policy]["turns"] += turns
                 after = proxy_figures(proxy.url)
                 for key in before:
@@ -133,17 +164,19 @@ def main() -> None:
                 proxy.stop()
                 procs.remove(proxy)
         print(f"\nsessions {args.sessions} x turns {args.turns} x rounds {args.rounds}, concurrency "
-              f"{args.concurrency}, suffix {args.suffix_words} words, --itl-slo-ms {args.itl_slo_ms}")
+              f"{args.concurrency}, suffix {args.suffix_words} words, --itl-slo-ms {args.itl_slo_ms}"
+              f"{', chat' if args.chat else ''}")
         print("| policy | turns | TTFT p50 ms | TTFT p90 ms | D alone | P calls | MB pulled | hybrid misroutes "
-              "(tokens recomputed) | index mispredictions (tokens) |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "(tokens recomputed) | index mispredictions (tokens) | junction stops |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for policy, r in results.items():
             ttfts = sorted(t["ttft_s"] for t in r["turns"])
             q = statistics.quantiles(ttfts, n=10) if len(ttfts) > 1 else ttfts * 9
             alone = sum(1 for t in r["turns"] if t["computed_on"] == "decode")
             print(f"| {policy} | {len(ttfts)} | {statistics.median(ttfts) * 1e3:.1f} | {q[8] * 1e3:.1f} | "
                   f"{alone}/{len(ttfts)} | {int(r['p_calls'])} | {r['bytes'] / 1e6:.1f} | {int(r['misroutes'])} "
-                  f"({int(r['misroute_tokens'])}) | {int(r['mispredictions'])} ({int(r['mispredicted_tokens'])}) |")
+                  f"({int(r['misroute_tokens'])}) | {int(r['mispredictions'])} ({int(r['mispredicted_tokens'])}) | "
+                  f"{int(r['junction_stops'])} |")
         if "ours" in results:
             print("ours, rates learned (last round):", json.dumps(results["ours"]["rates"]))
         if args.out:
