@@ -171,4 +171,4 @@ def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(family, contr
     elif control == "attention wrong":
         controls.expect_attention_control(family['name'], moved)
     else:
-        controls.assert_moved(moved)
+        controls.expect_state_control(family['name'], moved)

@@ -50,6 +50,13 @@ LOGPROBS = 20  # vLLM's default cap on returned log-probabilities
 READS_ATTENTION = frozenset({"granite_moe_hybrid"})
 ATTENTION_UNREAD = ("the tiny models do not read the third last word through attention (docs/families.md, Negative "
                     "controls)")
+# A zeroed state is what a fresh sequence starts from: the tiny Zamba2, which predicts from the last two words,
+# lost 2.96 nats at the first position D generated from one and 0.0-0.18 at the next seven (vLLM 0.33, one H100,
+# 2026-11-26-h100-families-vllm033), while another prompt's state moved it > 5 nats at 8 of 8. For it the zeroed
+# control must still move the answer past the tolerance, and "at most positions" is an expected failure, strictly.
+ZERO_STATE_RECOVERS = frozenset({"zamba2"})
+ZERO_STATE_FRESH = ("a zeroed state is a fresh start for a tiny model that reads two words back: it recovers after "
+                    "the first position (2026-11-26-h100-families-vllm033)")
 KINDS = ("healthy", "other prompt", "state wrong", "attention wrong", "zeroed state")  # zeroed last: its own D
 STATE_KINDS = ("other prompt", "state wrong", "zeroed state")  # the state D resumes from is wrong
 SALTS = {"healthy": (61, None), "zeroed state": (62, None), "other prompt": (63, 73), "state wrong": (64, 74),
@@ -156,6 +163,21 @@ def expect_attention_control(family: str, moved: Moved) -> None:
     except AssertionError:
         pytest.xfail(ATTENTION_UNREAD)
     pytest.fail(f"{family}: a wrong attention block moved the answer, {moved}: add it to READS_ATTENTION")
+
+
+def expect_state_control(family: str, moved: Moved) -> None:
+    """A state control (STATE_KINDS): assert_moved, except that a zeroed state need only move the answer past the
+    tolerance for a family in ZERO_STATE_RECOVERS, its recovery an expected failure (strict: moving > 1 nat at most
+    positions fails the test, to take the family out)."""
+    if moved.label != "zeroed state" or family not in ZERO_STATE_RECOVERS:
+        assert_moved(moved)
+        return
+    assert max(map(abs, moved.reference_token)) > tolerance(), f"{moved.label}: the answer did not move: {moved}"
+    try:
+        assert_moved(moved)
+    except AssertionError:
+        pytest.xfail(ZERO_STATE_FRESH)
+    pytest.fail(f"{family}: a zeroed state moved most positions, {moved}: take it out of ZERO_STATE_RECOVERS")
 
 
 def assert_moved(moved: Moved) -> None:

@@ -52,3 +52,21 @@ def test_the_attention_control_is_strict_for_families_that_do_not_read_attention
         controls.expect_attention_control("qwen3_next", still)
     with pytest.raises(AssertionError, match="did not move"):
         controls.expect_attention_control("granite_moe_hybrid", still)
+
+
+def test_a_zeroed_state_that_a_family_recovers_from_still_has_to_move_its_first_position():
+    recovered = controls.Moved("zeroed state", 2.96, [2.96, 0.07, -0.07, -0.18, 0.0, 0.01, 0.0, 0.0], 304, True)
+    with pytest.raises(pytest.xfail.Exception):
+        controls.expect_state_control("zamba2", recovered)  # as measured on the H100
+    with pytest.raises(AssertionError, match="moved too little"):
+        controls.expect_state_control("jamba", recovered)  # the rest: strict
+    unmoved = controls.Moved("zeroed state", 0.001, [0.001] * 8, 304, True)
+    with pytest.raises(AssertionError, match="did not move"):
+        controls.expect_state_control("zamba2", unmoved)
+    everywhere = controls.Moved("zeroed state", 3.0, [5.0] * 8, 304, False)
+    with pytest.raises(pytest.fail.Exception, match="take it out of ZERO_STATE_RECOVERS"):
+        controls.expect_state_control("zamba2", everywhere)
+    controls.expect_state_control("jamba", everywhere)
+    other = controls.Moved("other prompt", 0.2, [2.96, 0.07, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], 304, True)
+    with pytest.raises(AssertionError, match="moved too little"):
+        controls.expect_state_control("zamba2", other)  # only the zeroed state is excused
