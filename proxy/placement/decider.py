@@ -109,11 +109,12 @@ class Decider:
         placement = turn.placement
         if not self.config.junction_checkpoints or placement is None or placement.local or block <= 0:
             return False
-        if turn.body.endpoint != "chat" or decoder.url not in self.state.kv_index.workers:
-            return False
+        state = self.state
+        if turn.body.endpoint != "chat" or state.tokenizer is None or decoder.url not in state.kv_index.workers:
+            return False  # the junction is a chat prompt's, found by the proxy's own tokenizer
         context = turn.context
-        attention = context.attention_only(self.state.deps).get(decoder.url, 0)
-        return attention - context.hit_on(self.state.deps, decoder.url) >= block
+        attention = context.attention_only(state.deps).get(decoder.url, 0)
+        return attention - context.hit_on(state.deps, decoder.url) >= block
 
     def _decoder_hit(self, context: RequestContext, decoder: Worker) -> int | None:
         if not context.token_ids or decoder.url not in self.state.kv_index.workers:
