@@ -24,8 +24,10 @@ import statistics
 from pathlib import Path
 
 if __package__:  # imported: benchmarks.gpu.merge
+    from . import pareto
     from .judged import basis_md, judged
 else:  # run as a script (python3 benchmarks/gpu/merge.py): its own folder is on sys.path
+    import pareto  # type: ignore[no-redef]
     from judged import basis_md, judged  # type: ignore[no-redef]
 
 SETUPS = ("colocated", "upstream", "hybrid-pd-1p1d")
@@ -353,7 +355,7 @@ def main(argv=None) -> int:
     res = merge(args.folder, args.headline_length)
     (args.folder / "results.json").write_text(json.dumps(res, indent=1))
     header = args.folder / "header.md"  # the run's narrative (command, machine, findings), written by hand
-    pngs = plot(res, args.folder)
+    pngs = plot(res, args.folder) + pareto.plot(res, args.folder, length=args.headline_length)
     text = (header.read_text() + "\n" if header.exists() else "") + summary_md(res, args.title)
     text += "\nPlots: " + ", ".join(f"![{p}]({p})" for p in pngs) + "\n"
     (args.folder / "summary.md").write_text(text)
