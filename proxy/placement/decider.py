@@ -132,8 +132,8 @@ class Decider:
         """A hybrid misroute: the decider let D compute the prompt for a hit it counted over attention blocks
         alone, past D's last checkpoint there (the peers' deciders read attention-only hits; ours and hit-ratio
         the joint one, so theirs is never one). Counted with the tokens D recomputes for it."""
-        attention = turn.context.attention_hits
-        if is_remote(decision) and turn.transfer_params is not None or attention is None:
+        attention = turn.context.attention_hits  # also read by ours for a junction (_diverged): not its decision
+        if is_remote(decision) and turn.transfer_params is not None or attention is None or turn.placement:
             return
         over = attention.get(decoder.url, 0) - turn.context.hit_on(self.state.deps, decoder.url)
         if over > 0:
