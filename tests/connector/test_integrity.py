@@ -2,6 +2,7 @@
 completes, they join the kv_transfer_params, D checks the blocks it landed and fails a load that differs."""
 
 import json
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -137,10 +138,12 @@ def load(corrupt_reads: int, verify_fraction: float = 1.0):
     remote = RemotePrefill("P", "p-r1", "h", 7, [[0, 3], [5, 6]], 8, 9, handshakes=[encode(p.local)],
                            digests=BlockDigests(ALGORITHM, [shipped]))
     d.start(StepMeta(loads=[LoadJob("r1", remote, PLAN)]))
-    for _ in range(50):
+    deadline = time.monotonic() + 10  # polled as a step would, for a load whose READ runs off this thread
+    while time.monotonic() < deadline:
         res = d.poll()
         if res.finished_recving:
             return res, d.stats[0], cleared
+        time.sleep(0.001)
     raise AssertionError("the load never finished")
 
 
