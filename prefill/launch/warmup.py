@@ -122,12 +122,18 @@ def parse_steps(text: str, largest: int, moe_on_gpu: bool) -> list[int]:
     return moe_steps(min(tokens, largest))
 
 
-def is_moe(model: str) -> bool:
-    """Whether a local model's config names routed experts (its own or its text model's)."""
+def model_config(model: str) -> dict:
+    """A local model's config.json ({} where there is none to read: a Hub id, a broken file)."""
     try:
         cfg = json.loads((Path(model) / "config.json").read_text())
     except (OSError, ValueError):
-        return False
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def is_moe(model: str) -> bool:
+    """Whether a local model's config names routed experts (its own or its text model's)."""
+    cfg = model_config(model)
     cfgs = [cfg, cfg.get("text_config") or {}]
     return any(int(c.get(key) or 0) > 1 for c in cfgs if isinstance(c, dict) for key in EXPERT_COUNT_KEYS)
 
@@ -135,10 +141,10 @@ def is_moe(model: str) -> bool:
 def token_range(model: str) -> tuple[int, int]:
     """Token ids to draw prompts from: the middle of the vocabulary of a local model (special tokens sit at
     its ends), else ids 100-255, which every tokenizer we serve has as ordinary tokens."""
+    cfg = model_config(model)
     try:
-        cfg = json.loads((Path(model) / "config.json").read_text())
         vocab = int(cfg.get("text_config", cfg)["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return 100, 255
     return vocab // 8, vocab - vocab // 8
 

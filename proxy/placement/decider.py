@@ -26,6 +26,7 @@ from ..turn import LOCAL_PREFILL, REMOTE_PREFILL, Turn
 from ..workers import Worker
 from .cost_model import BOUNDARY, Option, Placement, WorkerView, decoder_tail_ms, local_steps, place, remote_tail
 from .disagg import decide, gate, is_remote
+from .peer_policies import ATTENTION_ONLY
 
 log = logging.getLogger("hybrid_pd.proxy")
 
@@ -65,7 +66,7 @@ class Decider:
                 turn.diverged = self._diverged(turn, decoder, block)
                 if cfg.log_placement:
                     log.info("placement %s: %s", turn.headers["X-Request-Id"], describe(turn.placement, prompt_tokens))
-            elif policy in ("isl-bounding", "non-cached-tokens") and state.kv_index.workers:
+            elif policy in ATTENTION_ONLY and state.kv_index.workers:
                 attention_hit = context.attention_only(state.deps).get(decoder.url, 0)
         return decide(
             cfg,
@@ -132,8 +133,10 @@ class Decider:
         """A hybrid misroute: the decider let D compute the prompt for a hit it counted over attention blocks
         alone, past D's last checkpoint there (the peers' deciders read attention-only hits; ours and hit-ratio
         the joint one, so theirs is never one). Counted with the tokens D recomputes for it."""
-        attention = turn.context.attention_hits  # also read by ours for a junction (_diverged): not its decision
-        if is_remote(decision) and turn.transfer_params is not None or attention is None or turn.placement:
+        attention = turn.context.attention_hits  # ours reads them too (_diverged), never to decide where
+        if self.config.pd_policy not in ATTENTION_ONLY or attention is None:
+            return
+        if is_remote(decision) and turn.transfer_params is not None:
             return
         over = attention.get(decoder.url, 0) - turn.context.hit_on(self.state.deps, decoder.url)
         if over > 0:

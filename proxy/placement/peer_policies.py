@@ -17,6 +17,7 @@ Pure functions: the fleet simulator imports them with cost_model.place.
 
 from __future__ import annotations
 
+ATTENTION_ONLY = ("isl-bounding", "non-cached-tokens")  # the policies that decide on attention-only overlap
 ISL_MAX_TOKENS, ISL_RATIO = 2048, 0.7
 NON_CACHED_TOKENS = 128
 
