@@ -6,10 +6,10 @@ picks the option with the least TTFT among those that keep D's streams within th
 
     option              TTFT                                                    D's streams: each waits / gap
     D alone             wait_D + prefill(U_d, hit_d) + steps * k * s            prefill(U_d, hit_d)
-    P_i to the boundary f * (wait_i + prefill(U_i, hit_i)) + hop + READ(MB)     the tail's step
-                        + step(k+1) + the tail's step on D
-    P_i to N-1          f * (wait_i + prefill(U_i', hit_i, its steps)) + hop    s (one more sequence's token)
-                        + READ(MB') + step(k+1)
+    P_i to the boundary max(f * (wait_i + prefill(U_i, hit_i)) + hop + READ(MB), the tail's step
+                        wait_D) + step(k+1) + the tail's step on D
+    P_i to N-1          max(f * (wait_i + prefill(U_i', hit_i, its steps)) + hop s (one more sequence's token)
+                        + READ(MB'), wait_D) + step(k+1)
 
     N                the prompt's tokens; a hit is the joint one (attention blocks AND a checkpoint there)
     U_d = N - hit_d  what D computes alone
@@ -32,9 +32,10 @@ picks the option with the least TTFT among those that keep D's streams within th
     f                P's call as measured over P's call as priced (`prefiller_call_factor`, 1 in the priors): what
                      a loaded P costs beyond its queue's steps and tokens (a GPU it shares with D, a batch whose
                      requests all finish at its last step); learned from every remote turn (online_rates.py)
-    wait             a worker's queue: the steps and tokens of the prompt tokens queued on it (an engine step
+    wait             a prefiller's queue: the steps and tokens of the prompt tokens queued on it (an engine step
                      batches several requests' chunks, up to chunk_tokens), one step where it runs requests this
-                     proxy did not send
+                     proxy did not send; D's (wait_D): its queued prompt tokens, which ride in its own steps, and
+                     which a pulled turn's first step on D waits for where they outlast P's part
 
 On a shared device (`shared_device`: P and D compute on one GPU, as on our one-GPU runs) P's prefill takes the
 GPU from D's streams as D's own would: a remote option then stalls each of them for P's prefill (before f: P's
@@ -43,10 +44,18 @@ step, and D's streams decode between P's steps as they do between D's own (P's T
 Measured: 2026-11-26-h100-qwen3next-judged-vllm033 at c=8, where the model without it sent 29 of 40 turns
 to P, each computing more than D alone would have, and lost to the colocated engine (352 vs 278 ms TTFT p50).
 
-The objective (`itl_slo_ms`): > 0, the least TTFT among the options whose longest gap on D's streams is within it
-(none within it: the least gap, i.e. protect the streams); 0, the least total delay the option adds: its TTFT plus
-the stall of each of D's k streams (what every request waiting on D pays). Ties go to D alone (no hop, no bytes),
-then to P stopping at the boundary (fewer steps on P).
+The next turn (`next_remote`, q): D alone leaves the warmest prefiller where it was, and the conversation's next
+turn, where it goes to a prefiller, computes there what this one computed on D. D alone's objective carries that,
+the least prefill of the remote options times f, times q: the chance a turn's conversation goes on on a prefiller,
+learned online as the recent share of turns that did (OnlineRates.observe_turn; 0 in the priors, so 0 at c=1 where
+D alone serves every turn). Measured: 2026-11-26-h100x2-qwen3next-judged-vllm033 (P and D on two GPUs) at c=8,
+where P recomputed 18,496 tokens D held (+17% of the prompt tokens upstream computed) on the turns after those D
+alone had served, and ours lost to upstream (TTFT p50 341 vs 237 ms).
+
+The objective (`itl_slo_ms`): > 0, the least TTFT (plus the next turn's term) among the options whose longest gap
+on D's streams is within it (none within it: the least gap, i.e. protect the streams); 0, the least total delay
+the option adds: its TTFT plus the stall of each of D's k streams (what every request waiting on D pays) plus the
+next turn's term. Ties go to D alone (no hop, no bytes), then to P stopping at the boundary (fewer steps on P).
 
 The choice is monotone (tests/proxy/test_placement.py checks it with Hypothesis): a busier D (not on a shared
 device, where P's prefill stalls D's streams too), or a larger hit on a prefiller, never moves a turn from a
@@ -55,7 +64,10 @@ from D to a prefiller; a worker that cannot serve is never an option. This holds
 whose prefill costs at least what reading its KV costs (per_token >= kv_mb_per_token * read_ms_per_mb; on every
 GPU we measured, by two orders of magnitude). The factor f keeps it so: it scales only P's part of a remote option
 (its queue and prefill, which grow with P's load and shrink with P's hit, and so still do times f >= 0), and no
-term D's load or D's hit moves (D alone's prefill, the READ, the tail, D's steps) is scaled by it.
+term D's load or D's hit moves (D alone's prefill, the READ, the tail, D's steps) is scaled by it. D's queue enters
+a remote option's TTFT at most as it enters D alone's. The next turn's term moves with neither D's load nor D's hit
+nor a prefiller's load; a warmer prefiller shrinks it (by q <= 1 of what it takes from the remote options' P part),
+so a larger prefiller hit may move a turn to D only where D's queue, not P, bounds the remote options' TTFT.
 
 In the proxy (decider.py) the choice is D alone or remote, and where remote, P's stop; a remote turn's prefiller
 is then the prefill router's pick, as with every policy (with kv_hit or queue_cost routing it is the option's P_i
@@ -87,6 +99,7 @@ class Rates:
     step_ms_per_seq: float  # what each further stream in the batch adds to it
     chunk_tokens: int = 8192  # the engine's max_num_batched_tokens: prompt tokens one step computes at most
     prefiller_call_factor: float = 1.0  # f: P's call (queue + prefill) as measured over as priced (>= 0)
+    next_remote: float = 0.0  # q: the chance a turn's conversation goes on with a turn on a prefiller (0..1)
 
     def prefill_ms(self, tokens: int, context: int, steps: int | None = None) -> float:
         """An engine's time to compute `tokens` prompt tokens after `context` cached ones, in `steps` engine
@@ -137,6 +150,7 @@ PRIORS = Rates(
     step_ms_per_seq=0.18,
     chunk_tokens=8192,
     prefiller_call_factor=1.0,  # neutral: the priors are P's calls alone; a deployment's load is learned online
+    next_remote=0.0,  # learned online from the turns the proxy places (OnlineRates.observe_turn)
 )
 
 
@@ -167,6 +181,7 @@ class Option:
     read_mb: float  # bytes D pulls
     stop: str = ""  # a remote option's stop on P: BOUNDARY or LAST ("" alone)
     prefiller_ms: float = 0.0  # a remote option's P call (queue + prefill) at the rates, before the factor f
+    next_turn_ms: float = 0.0  # what it leaves the conversation's next turn: P's recompute of D alone's tokens, * q
 
 
 @dataclass(frozen=True)
@@ -226,7 +241,6 @@ def place(
     n = max(int(prompt_tokens), 1)
     k = max(decoder.load, 0.0)
     slo = max(itl_slo_ms, 0.0)
-    local = _local(n, decoder, k, rates, slo, aligned_block)
     stops = (BOUNDARY, LAST) if remote_tail(n, aligned_block) > 1 else (LAST,)
     remotes = [
         _remote(n, stop, decoder, p, k, rates, slo, aligned_block, shared_device)
@@ -234,6 +248,7 @@ def place(
         if p.can_serve
         for stop in stops
     ]
+    local = _local(n, decoder, k, rates, slo, aligned_block, next_turn_ms(rates, n, remotes))
     options = (local, *remotes)
     if not remotes:
         return Placement(None, "local_only", local, options)
@@ -242,7 +257,7 @@ def place(
         return Placement(best.prefiller, "local_fastest" if best is local else "remote_fastest", best, options)
     within = [o for o in options if o.meets_itl]
     if within:
-        best = min(within, key=lambda o: o.ttft_ms)
+        best = min(within, key=lambda o: o.ttft_ms + o.next_turn_ms)
         if best is local:
             return Placement(None, "local_fastest", best, options)
         return Placement(best.prefiller, "remote_fastest" if local.meets_itl else "remote_itl_slo", best, options)
@@ -261,6 +276,11 @@ def queue_ms(rates: Rates, queued_tokens: int, load: float) -> float:
     return steps * rates.prefill_step_ms + max(queued_tokens, 0) * rates.prefill_ms_per_token
 
 
+def d_queue_ms(rates: Rates, d: WorkerView) -> float:
+    """The prompt tokens queued on D ahead of this request, at the per-token rate (they ride in D's steps)."""
+    return d.queued_tokens * rates.prefill_ms_per_token if d.queued_tokens > 0 else 0.0
+
+
 def decoder_tail_ms(rates: Rates, n: int, tokens: int, steps: int | None = None) -> float:
     """D's time for the last `tokens` of an `n`-token prompt after a pull: one token rides in D's decode step (its
     per-token cost); more are a prefill of their own, in mixed steps that each running stream waits for."""
@@ -269,18 +289,34 @@ def decoder_tail_ms(rates: Rates, n: int, tokens: int, steps: int | None = None)
     return rates.prefill_ms(tokens, n - tokens, steps)
 
 
-def _local(n: int, d: WorkerView, k: float, rates: Rates, slo: float, aligned_block: int) -> Option:
+def next_turn_ms(rates: Rates, n: int, remotes: Sequence[Option]) -> float:
+    """What D alone leaves the conversation's next turn: the warmest prefiller, which a remote option would have
+    brought up to its stop, stays where it was, and the next turn, where it goes to a prefiller (with chance q,
+    `next_remote`), computes there what this one computed on D: the least prefill of the remote options, its
+    tokens in the steps they need, times f (2026-11-26-h100x2-qwen3next-judged-vllm033, c=8: P recomputed 18,496
+    tokens that D held, +17% of the prompt tokens upstream computed, on the turns after one served by D alone)."""
+    q = min(max(rates.next_remote, 0.0), 1.0)
+    if q <= 0 or not remotes:
+        return 0.0
+    fewest = min(remotes, key=lambda o: o.prefill_tokens)
+    tokens = fewest.prefill_tokens
+    return q * max(rates.prefiller_call_factor, 0.0) * rates.prefill_ms(tokens, n - tokens)
+
+
+def _local(
+    n: int, d: WorkerView, k: float, rates: Rates, slo: float, aligned_block: int, next_ms: float = 0.0
+) -> Option:
     hit = min(max(d.hit, 0), n - 1)
     u = n - hit
     steps = local_steps(n, hit, aligned_block, rates.chunk_tokens)
     prefill = rates.prefill_ms(u, hit, steps)
-    wait = d.queued_tokens * rates.prefill_ms_per_token if d.queued_tokens > 0 else 0.0
+    wait = d_queue_ms(rates, d)
     ttft = wait + prefill + steps * rates.step_ms_per_seq * k  # D's streams decode in each of those steps
     # the costliest step is a full chunk at the prompt's end (the most context): an upper bound on any gap
     last = min(u, rates.chunk_tokens)
     gap = rates.step(k + 1) + rates.prefill_ms(last, n - last, 1)
     meets = k <= 0 or slo <= 0 or gap <= slo
-    return Option(None, ttft, prefill, gap, ttft + k * prefill, meets, 0, u, 0.0)
+    return Option(None, ttft, prefill, gap, ttft + k * prefill + next_ms, meets, 0, u, 0.0, next_turn_ms=next_ms)
 
 
 def _remote(
@@ -316,7 +352,9 @@ def _remote(
         p_last = min(u, rates.chunk_tokens)
         gap_ms = max(gap_ms, rates.prefill_ms(p_last, end - p_last, 1))
     factor = max(rates.prefiller_call_factor, 0.0)
-    ttft = call_ms * factor + shared_ms + rates.hop_ms + read_mb * rates.read_ms_per_mb + step + tail_ms
+    pulled_ms = call_ms * factor + shared_ms + rates.hop_ms + read_mb * rates.read_ms_per_mb
+    # D's first step for this turn waits for the prompt tokens queued on D that are still to compute by then
+    ttft = max(pulled_ms, d_queue_ms(rates, d)) + step + tail_ms
     gap = step + gap_ms
     meets = k <= 0 or slo <= 0 or gap <= slo
     return Option(p.name, ttft, stall, gap, ttft + k * stall, meets, u, on_d, read_mb, stop, call_ms)

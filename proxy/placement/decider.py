@@ -68,7 +68,7 @@ class Decider:
                     log.info("placement %s: %s", turn.headers["X-Request-Id"], describe(turn.placement, prompt_tokens))
             elif policy in ATTENTION_ONLY and state.kv_index.workers:
                 attention_hit = context.attention_only(state.deps).get(decoder.url, 0)
-        return decide(
+        decision = decide(
             cfg,
             eligible=body.single_prompt,
             has_prefillers=has_prefillers,
@@ -81,6 +81,10 @@ class Decider:
             placement=turn.placement,
             attention_hit=attention_hit,
         )
+        if turn.placement is not None:  # how often a conversation goes on on a prefiller (cost_model.next_turn_ms)
+            held = any(hit > 0 for hit in context.all_hits(state.deps).values())  # memoized by _place
+            state.rates.observe_turn(continued=held, remote=is_remote(decision))
+        return decision
 
     def _place(
         self, context: RequestContext, decoder: Worker, prefillers: list[Worker], prompt_tokens: int, block: int

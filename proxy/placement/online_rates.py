@@ -94,6 +94,7 @@ class OnlineRates:
         call_forget: float = 0.9,
         call_prior: float = 2.0,
         call_clamp: float = 2.0,
+        turn_alpha: float = 0.2,
     ):
         self.prior = prior
         self.outlier = outlier
@@ -112,7 +113,9 @@ class OnlineRates:
         # P's call: forgetting sums of the clamped ratios and of their weights, the prior counting `call_prior`
         self._call_weight = max(call_prior, 1e-9)
         self._call_sum = p.prefiller_call_factor * self._call_weight
-        self.observations = {"prefill": 0, "hop": 0, "step": 0, "prefiller_call": 0}
+        self.turn_alpha = turn_alpha
+        self._next_remote = min(max(p.next_remote, 0.0), 1.0)
+        self.observations = {"prefill": 0, "hop": 0, "step": 0, "prefiller_call": 0, "turn": 0}
         self._rates: Rates | None = prior
 
     # ---- observations -------------------------------------------------------------------------------------
@@ -154,6 +157,16 @@ class OnlineRates:
         self.observations["prefiller_call"] += 1
         self._rates = None
 
+    def observe_turn(self, continued: bool, remote: bool) -> None:
+        """A turn placed: whether its prompt continued one some worker held (a hit anywhere) and whether it went
+        to a prefiller. q (Rates.next_remote) is the recent share of turns that did both (an average moving
+        `turn_alpha` a turn, about the last 5-10): the chance that a turn's conversation goes on with a turn on a
+        prefiller, which D alone then leaves to recompute there what it computed (cost_model.next_turn_ms)."""
+        sample = 1.0 if continued and remote else 0.0
+        self._next_remote += self.turn_alpha * (sample - self._next_remote)
+        self.observations["turn"] += 1
+        self._rates = None
+
     @property
     def prefiller_call_factor(self) -> float:
         return min(max(self._call_sum / self._call_weight, CALL_FLOOR), CALL_CEILING)
@@ -178,6 +191,7 @@ class OnlineRates:
                 step_ms=max(self._step.theta[0], 0.0),
                 step_ms_per_seq=max(self._step.theta[1], 0.0),
                 prefiller_call_factor=self.prefiller_call_factor,
+                next_remote=self._next_remote,
             )
         return self._rates
 

@@ -43,6 +43,7 @@ def rates(draw: st.DrawFn) -> Rates:
         step_ms_per_seq=draw(st.floats(0, 5)),
         chunk_tokens=draw(st.sampled_from([256, 2048, 8192, 1 << 20])),
         prefiller_call_factor=draw(st.sampled_from([1.0, 0.0]) | st.floats(0.25, 8)),  # learned online
+        next_remote=draw(st.sampled_from([0.0, 1.0]) | st.floats(0, 1)),  # learned online
     )
 
 
@@ -123,6 +124,9 @@ def test_a_larger_hit_on_the_decoder_never_moves_a_turn_from_it(s, more):
 @PROPS
 @given(scenario(), st.integers(0, 200_000))
 def test_larger_hits_on_prefillers_never_move_a_turn_from_them_to_the_decoder(s, more):
+    """Without the next-turn term (q = 0): with it, a warmer P also shrinks what D alone leaves the next turn,
+    and where D's queue bounds the remote option's TTFT that alone may move the turn to D (cost_model.py)."""
+    s = {**s, "rates": dataclasses.replace(s["rates"], next_remote=0.0)}
     if choose(s) is not None:
         warmer = [dataclasses.replace(p, hit=p.hit + more) for p in s["prefillers"]]
         assert choose(s, prefillers=warmer) is not None
@@ -151,7 +155,7 @@ def test_within_the_itl_objective_when_any_option_is(s):
     within = [o for o in p.options if o.meets_itl]
     if within:
         assert p.chosen.meets_itl
-        assert p.chosen.ttft_ms == min(o.ttft_ms for o in within)
+        assert p.chosen.ttft_ms + p.chosen.next_turn_ms == min(o.ttft_ms + o.next_turn_ms for o in within)
     else:
         assert p.chosen.gap_ms == min(o.gap_ms for o in p.options)
 
@@ -263,3 +267,38 @@ def test_on_a_shared_device_a_prefiller_holding_less_stalls_the_decoder_more(s):
     for o in p.options[1:]:
         if o.stop == BOUNDARY:
             assert o.stall_ms >= local.stall_ms * (1 - 1e-9) - 1e-9, (o, local)
+
+
+def test_d_alone_leaves_the_next_turn_p_s_recompute_times_the_chance_it_goes_there():
+    """A new 4,327-token conversation, nothing cached anywhere, D and P idle (request 17 of
+    2026-11-26-h100x2-qwen3next-judged-vllm033 at c=8, served by D alone; the session's next turn went to P, which
+    computed the 3,808 tokens again). D alone is the faster TTFT; with q = 1 its cost carries P's prefill of what
+    it computed (the remote option's 3,808 tokens to the boundary), and the turn goes to P. The TTFTs do not move:
+    the term is the next turn's."""
+    d, ps = WorkerView("d", 0), [WorkerView("p", 0)]
+    alone = place(4327, d, ps, PRIORS, aligned_block=544)
+    rates = dataclasses.replace(PRIORS, next_remote=1.0)
+    ahead = place(4327, d, ps, rates, aligned_block=544)
+    assert alone.local and not ahead.local
+    assert [o.ttft_ms for o in ahead.options] == [o.ttft_ms for o in alone.options]
+    local = ahead.options[0]
+    assert local.next_turn_ms == pytest.approx(PRIORS.prefill_ms(3808, 4327 - 3808))
+    assert local.cost_ms == pytest.approx(alone.options[0].cost_ms + local.next_turn_ms)
+    assert all(o.next_turn_ms == 0 for o in ahead.options[1:])
+    half = place(4327, d, ps, dataclasses.replace(rates, next_remote=0.5, prefiller_call_factor=0.5), aligned_block=544)
+    assert half.options[0].next_turn_ms == pytest.approx(0.25 * local.next_turn_ms)
+    # with the ITL objective too: the least TTFT plus the next turn's term among the options within it
+    assert not place(4327, d, ps, rates, itl_slo_ms=50, aligned_block=544).local
+
+
+def test_a_remote_turn_waits_for_the_prompt_tokens_queued_on_d():
+    """D's first step for a pulled turn waits for the prompt tokens queued on D ahead of it, where they outlast
+    P's call, the hop and the READ; a short queue is done by then."""
+    ps = [WorkerView("p", 0)]
+    idle = place(4327, WorkerView("d", 0, load=1), ps, PRIORS, aligned_block=544)
+    short = place(4327, WorkerView("d", 0, load=1, queued_tokens=1000), ps, PRIORS, aligned_block=544)
+    long = place(4327, WorkerView("d", 0, load=1, queued_tokens=60_000), ps, PRIORS, aligned_block=544)
+    for i, remote in enumerate(idle.options[1:], 1):
+        assert short.options[i].ttft_ms == pytest.approx(remote.ttft_ms)
+        queue = 60_000 * PRIORS.prefill_ms_per_token
+        assert long.options[i].ttft_ms > remote.ttft_ms and long.options[i].ttft_ms >= queue

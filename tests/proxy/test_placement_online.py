@@ -40,7 +40,7 @@ def test_the_fits_move_from_the_priors_to_the_deployments_rates():
         assert abs(fitted - truth) / truth < 0.15, (tokens, context, fitted, truth)
     assert abs(r.hop_ms - CPU.hop_ms) / CPU.hop_ms < 0.1
     assert abs(r.step(8) - CPU.step(8)) / CPU.step(8) < 0.15
-    assert online.observations == {"prefill": 80, "hop": 80, "step": 80, "prefiller_call": 0}
+    assert online.observations == {"prefill": 80, "hop": 80, "step": 80, "prefiller_call": 0, "turn": 0}
     assert r.prefiller_call_factor == 1.0  # no remote turn: P's call is as priced
 
 
@@ -126,3 +126,19 @@ def test_whatever_it_sees_the_snapshot_keeps_the_models_premises(prefills, hops,
         assert getattr(r, f.name) >= 0, f.name
     assert r.prefill_ms_per_token >= r.kv_mb_per_token * r.read_ms_per_mb
     assert CALL_FLOOR <= r.prefiller_call_factor <= CALL_CEILING
+
+
+def test_q_is_the_recent_share_of_turns_that_went_on_on_a_prefiller():
+    """observe_turn: a turn that continued a conversation (a hit somewhere) and went to a prefiller counts 1, any
+    other 0; q moves a fifth of the way a turn, from the prior's (0: the priors know no workload)."""
+    online = OnlineRates()
+    assert online.rates.next_remote == 0.0
+    for _ in range(20):
+        online.observe_turn(continued=True, remote=True)
+    assert online.rates.next_remote > 0.95
+    online.observe_turn(continued=False, remote=True)  # a new conversation on P: not one that went on there
+    assert abs(online.rates.next_remote - 0.8 * (1 - 0.8**20)) < 1e-9
+    for _ in range(20):
+        online.observe_turn(continued=True, remote=False)  # served by D alone, as at c=1
+    assert online.rates.next_remote < 0.01
+    assert online.observations["turn"] == 41
