@@ -158,6 +158,13 @@ class DisaggConfig:
         "prefiller stalls the decoder's running streams as one on the decoder would",
         parse=boolean,
     )
+    next_turn: bool = setting(
+        True,
+        "next_turn",
+        "policy ours: the decoder alone carries what it leaves a conversation's next turn, the prefiller's recompute "
+        "of what it computed times the recent share of turns that went on on a prefiller",
+        parse=boolean,
+    )
     junction_checkpoints: bool = setting(
         True,
         "junction_checkpoints",

@@ -15,6 +15,7 @@ observe_step(...)    a streamed answer's inter-token time as D's step at its bat
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -96,11 +97,14 @@ class Decider:
         d = WorkerView(decoder.url, hits.get(decoder.url, 0), decoder.streams, decoder.queued_tokens)
         ps = [WorkerView(p.url, hits.get(p.url, 0), p.streams, p.queued_tokens) for p in prefillers]
         config = self.config
+        rates = state.rates.rates
+        if not config.next_turn:
+            rates = dataclasses.replace(rates, next_remote=0.0)
         return place(
             prompt_tokens,
             d,
             ps,
-            state.rates.rates,
+            rates,
             itl_slo_ms=config.itl_slo_ms,
             aligned_block=block,
             shared_device=config.shared_device,

@@ -9,6 +9,7 @@ import logging
 import re
 
 import aiohttp
+import pytest
 
 from hybrid_pd.proxy.kv.events import KVEventBatch
 from hybrid_pd.proxy.placement.cost_model import PRIORS
@@ -177,3 +178,35 @@ def test_a_turn_d_serves_alone_queues_its_uncached_tokens_on_d_until_its_first_t
                 assert r.status == 200 and "[DONE]" in await r.text()
             assert worker.queued_tokens == 0
     run(body())
+
+
+def test_each_placed_turn_feeds_q_and_d_alone_carries_the_next_turns_term_unless_switched_off(caplog):
+    """The decider feeds q (the share of turns that went on on a prefiller) once per turn it places, and D alone's
+    option carries the next turn's term: cost = TTFT + q * f * P's prefill of the remote option's tokens (D idle: no
+    stall term). With --no-next-turn the same q leaves D alone's cost at its TTFT. A busy D sends the turn on: P's
+    hit on the prompt (its first 2 blocks) makes it one that went on on a prefiller."""
+    from hybrid_pd.proxy.workers import EngineLoad
+
+    async def body(next_turn: bool, streams: int):
+        async with kv_cluster(log_placement=True, next_turn=next_turn) as (proxy, p, d1, d2, pubs):
+            held = [stored(HASHES[:2], 0, "full_attention"), stored([HASHES[1]], 1, "mamba")]
+            await warm(proxy, pubs[0], p.url, held)
+            for w in proxy.state.pool.all("decode"):
+                w.engine = EngineLoad(running=streams, waiting=0)
+            for _ in range(10):
+                proxy.state.rates.observe_turn(continued=True, remote=True)
+            q = proxy.state.rates.rates.next_remote
+            status, _ = await post(proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+            assert status == 200
+            return q, proxy.state.rates.rates.next_remote, len(p.generate_calls)
+
+    caplog.set_level(logging.INFO, logger="hybrid_pd.proxy")
+    for next_turn in (True, False):
+        caplog.clear()
+        q, after, calls = run(body(next_turn, 0))
+        assert q > 0.85 and after == pytest.approx(0.8 * q) and calls == 0  # D alone: it did not go on on P
+        said = next(r.getMessage() for r in caplog.records if " -> D " in r.getMessage())
+        ttft, cost = map(float, re.search(r"; D ttft ([\d.]+) stall [\d.]+ cost ([\d.]+)", said).groups())
+        assert (cost > ttft + 1) if next_turn else cost == ttft
+    q, after, calls = run(body(True, 16))
+    assert calls == 1 and after == pytest.approx(q + 0.2 * (1 - q))
