@@ -56,6 +56,12 @@ def scrape_metrics(url: str) -> dict[str, float]:
         return out
 
 
+def placement_rates(url: str) -> dict[str, float]:
+    """Our proxy's placement model as it has learned it (hybrid_pd_proxy_placement_rate, by rate)."""
+    prefix = 'hybrid_pd_proxy_placement_rate{rate="'
+    return {k[len(prefix):-2]: v for k, v in scrape_metrics(url).items() if k.startswith(prefix)}
+
+
 def metric_sum(metrics: dict[str, float], name: str) -> float:
     """Sum a metric over all its label sets (`name{...} value` lines)."""
     return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.client import metric_sum, scrape_metrics
+from benchmarks.client import metric_sum, placement_rates, scrape_metrics
 from benchmarks.procs import HYBRID_PD, Launched, free_port
 from benchmarks.setups import events_url, start_pd_pair
 from hybrid_pd.prefill.dev.demo_workload import stream, transfer_counters
@@ -99,12 +99,6 @@ def proxy_figures(url: str) -> dict[str, float]:
             "junction_stops": metric_sum(m, p + "junction_stops_total")}
 
 
-def rates(url: str) -> dict[str, float]:
-    m = scrape_metrics(url)
-    prefix = 'hybrid_pd_proxy_placement_rate{rate="'
-    return {k[len(prefix):-2]: v for k, v in m.items() if k.startswith(prefix)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=3)
@@ -160,7 +154,7 @@ def main() -> None:
                 for key in before:
                     results[policy][key] += after[key] - before[key]
                 results[policy]["bytes"] += transfer_counters(workers["d"].url)["bytes"] - moved
-                results[policy]["rates"] = rates(proxy.url)
+                results[policy]["rates"] = placement_rates(proxy.url)
                 proxy.stop()
                 procs.remove(proxy)
         print(f"\nsessions {args.sessions} x turns {args.turns} x rounds {args.rounds}, concurrency "

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from benchmarks.client import cached_of, log, post_json, stream_logprobs
+from benchmarks.client import cached_of, log, placement_rates, post_json, stream_logprobs
 from benchmarks.procs import HYBRID_PD, Launched, free_port
 from hybrid_pd.prefill.dev.demo_workload import TRANSFER_METRICS, transfer_counters
 
@@ -301,6 +301,10 @@ class Setup:
         return seen | {"arrivals": [a + offset for a in seen["arrivals"]], "e2e_s": time.monotonic() - start,
                        "hit_tokens": cached_of(p_resp.get("usage") or {}), "reported_cached": cached_of(seen["usage"]),
                        "p_s": offset}
+
+    def placement_rates(self) -> dict[str, float]:
+        """Our proxy's placement model as learned so far ({} where no proxy of ours is in front)."""
+        return placement_rates(self.front.url) if self.flow == "proxy" and self.front else {}
 
     def transfer_counters(self) -> dict[str, float]:
         """The decoder connector's counters (demo_workload.TRANSFER_METRICS); zeros without a decoder."""

@@ -125,7 +125,8 @@ def run_requests(setup: Setup, requests: list[Request], conc: int, max_tokens: i
     after = setup.transfer_counters()
     return {"rows": rows, "wall_s": wall, "errors": errors,
             "transfer": {k: after[k] - before.get(k, 0.0) for k in after},
-            "throughput_tok_s": sum(r["completion_tokens"] for r in rows) / wall if wall else 0.0}
+            "throughput_tok_s": sum(r["completion_tokens"] for r in rows) / wall if wall else 0.0,
+            "placement_rates": setup.placement_rates()}  # what ours' model had learned by the cell's end
 
 
 def probe(setup: Setup, tokens: Tokens, length: int, max_tokens: int, block: int) -> list[dict]:

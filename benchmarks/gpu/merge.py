@@ -55,7 +55,8 @@ def summarize(run: dict) -> dict:
             "transfers": t.get("transfers", 0.0), "xfer_s": secs,
             "d_alone": (sum(r.get("computed_on") == "decode" for r in rows)  # our proxy's usage.hybrid_pd says
                         if any(r.get("computed_on") for r in rows) else None),
-            "gb_s": t.get("bytes", 0.0) / secs / 1e9 if secs else None, "errors": len(run["errors"])}
+            "gb_s": t.get("bytes", 0.0) / secs / 1e9 if secs else None, "errors": len(run["errors"]),
+            "rates": run.get("placement_rates") or None}  # ours' placement model by the cell's end
 
 
 def itl(rows: list[dict], q: float):
@@ -285,6 +286,7 @@ def summary_md(res: dict, title: str) -> str:
                 lines.append(f"| {name} | {a['concurrency']} | {a['length']} | {a.get('gaps', '-')} | "
                              f"{fmt(a.get('window_s'), '.2f')} | {fmt(a.get('itl_p50_ms'), '.2f')} | "
                              f"{fmt(a.get('itl_p99_ms'), '.2f')} |")
+    lines += rates_md(res["tables"])
     lines += ["", "### Device-to-device copy of the same byte counts (same call, after the engines stopped; GPU to "
               "GPU: from P's GPU to D's)", "",
               "| set-up | bytes | descriptors | contiguous GB/s | in pieces GB/s | GPU to GPU GB/s |",
@@ -299,6 +301,23 @@ def summary_md(res: dict, title: str) -> str:
         lines += ["", "Errors (first line each):", ""]
         lines += [f"- {n}: {e.strip().splitlines()[-1][:200]}" for n, es in res["errors"].items() for e in es]
     return "\n".join(lines) + "\n"
+
+
+RATES = ("prefill_step_ms", "prefill_ms_per_token", "prefill_ms_per_token_per_kctx", "hop_ms", "step_ms",
+         "step_ms_per_seq", "prefiller_call_factor", "next_remote")
+
+
+def rates_md(tables: list[dict]) -> list[str]:
+    """Our proxy's placement model as it had learned it by each cell's end (parts from 2026-11-26 on)."""
+    rows = [t for t in tables if t.get("rates")]
+    if not rows:
+        return []
+    out = ["", "### The placement model's rates, learned by each cell's end (ours; `hybrid_pd_proxy_placement_rate`)",
+           "", "| workload | length | c | set-up | " + " | ".join(RATES) + " |", "|---" * (4 + len(RATES)) + "|"]
+    for t in rows:
+        out.append(f"| {t['workload']} | {t['length']} | {t['concurrency']} | {t['setup']} | "
+                   + " | ".join(fmt(t["rates"].get(k), ".4g") for k in RATES) + " |")
+    return out
 
 
 def plot(res: dict, out: Path) -> list[str]:

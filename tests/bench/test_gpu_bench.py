@@ -184,6 +184,9 @@ class FakeSetup:
         return {"bytes": 0.0, "descriptors": 0.0, "transfers": 0.0, "transfer_seconds": 0.0,
                 "failed_transfers": 0.0}
 
+    def placement_rates(self) -> dict:
+        return {"hop_ms": 15.0 + len(self.bodies), "next_remote": 0.5}  # as our proxy had learned them by then
+
     def send(self, body: dict) -> dict:
         import time
 
@@ -281,3 +284,14 @@ def test_proxy_variants_run_on_the_same_engines_with_prompts_of_their_own(bench,
     assert len(later) == 2 * len(first) and not set(later) & set(first)  # no first block in common: no hit
     assert not set(later[: len(first)]) & set(later[len(first):])
     assert len(result["runs"]) == 1  # the variants record into parts of their own
+    # each cell records our proxy's placement model as learned by its end, and merge shows it per cell
+    assert result["runs"][0]["placement_rates"] == {"hop_ms": 15.0 + len(first), "next_remote": 0.5}
+    (tmp_path / "part-hybrid-pd-1p1d.json").write_text(json.dumps(result))
+    text = merge_summary(tmp_path)
+    assert "The placement model's rates" in text
+    assert f"| agentic | 2048 | 1 | hybrid-pd-1p1d | - | - | - | {15.0 + len(first):.4g} |" in text
+
+
+def merge_summary(folder) -> str:
+    merge = load("gpu.merge")
+    return merge.summary_md(merge.merge(folder, 2048), "t")
