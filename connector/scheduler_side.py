@@ -273,9 +273,10 @@ class SchedulerSide:
             verdict = Verdict(None, "this decoder has no params inbox (HYBRID_PD_PARAMS_PORT)")
         else:
             self._collect(0.0, now)
-            bound = params.get(AWAIT_S)
-            ok = isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound > 0
-            found = self.waits.ask(key, min(self.await_timeout_s, bound) if ok else self.await_timeout_s, now)
+            bound, own = params.get(AWAIT_S), self.await_timeout_s  # the proxy's bound, where it sent one, and ours
+            if isinstance(bound, (int, float)) and not isinstance(bound, bool) and 0 < bound < own:
+                own = float(bound)
+            found = self.waits.ask(key, own, now)
             if found is None:
                 return False
             verdict = found
