@@ -92,3 +92,21 @@ def test_a_decoder_without_an_inbox_is_served_in_turn():
             assert d_call.body["kv_transfer_params"]["remote_engine_id"] == f"engine-{c.p.url}"
             assert c.d.outcomes == {}
     run(body())
+
+
+def test_a_decoder_that_cannot_be_reached_leaves_the_turn_to_another_in_turn_with_p_params():
+    async def body():
+        boxes = [ParamsInbox("127.0.0.1", free_port()) for _ in range(2)]
+        try:
+            async with cluster(n_decode=2, early_decode=True, decode_inbox=[b.address for b in boxes]) as c:
+                gone = c.decode[0]
+                await gone.stop()
+                for _ in range(2):  # the round robin picks the stopped one first once
+                    assert await stream(c.url, REQ) == (200, "Hello")
+                sent = [s.body["kv_transfer_params"] for s in c.decode[1].generate_calls]
+                after = [p for p in sent if AWAIT_PREFILL not in p]  # the retried turn: P's params, in turn
+                assert len(after) == 1 and after[0]["remote_engine_id"] == f"engine-{c.p.url}"
+        finally:
+            for box in boxes:
+                box.close()
+    run(body())
