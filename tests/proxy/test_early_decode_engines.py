@@ -21,7 +21,7 @@ from hybrid_pd.proxy.config import ProxyConfig
 from tests.proxy.fakes import FakeWorker, metric_value, run
 from tests.support.conversation import assert_same_greedy, greedy_reference, text_of
 from tests.support.engines import d_metrics, delta
-from tests.support.procs import free_port
+from tests.support.procs import free_port, http_json
 
 pytestmark = pytest.mark.engines
 
@@ -84,6 +84,27 @@ def test_pd_turns_sent_early_answer_as_one_engine_and_read_p_once_each(engines, 
     moved = delta(before, d_metrics(urls["d"]))
     assert moved["hybrid_pd_bytes_transferred_count"] == 3 and moved["hybrid_pd_failed_transfers_total"] == 0
     wait_until_d_holds_no_block(urls["d"])
+
+
+CHAT = [{"role": "system", "content": text_of(300, 62_300)}, {"role": "user", "content": text_of(40, 62_040)}]
+
+
+def test_a_chat_turn_sent_early_is_templated_on_the_decoder_while_p_computes_and_reads_p(engines):
+    """The chat endpoint: D applies the chat template to the request it got early; P's blocks are of the same
+    templated prompt (one read, no failure), and the answer is one engine's."""
+    urls = engines.up("ref", "p", "d")
+    body = {"model": "tiny", "messages": CHAT, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+    alone = http_json(urls["ref"] + "/v1/chat/completions", body)["choices"][0]["message"]["content"]
+    before = d_metrics(urls["d"])
+
+    async def via_early_proxy() -> str:
+        async with (early_proxy(urls["p"], urls["d"]) as (proxy, session),
+                    session.post(proxy.url + "/v1/chat/completions", json=body) as r):
+            assert r.status == 200, await r.text()
+            return (await r.json())["choices"][0]["message"]["content"]
+    assert run(via_early_proxy(), timeout=120) == alone
+    moved = delta(before, d_metrics(urls["d"]))
+    assert moved["hybrid_pd_bytes_transferred_count"] == 1 and moved["hybrid_pd_failed_transfers_total"] == 0
 
 
 @contextlib.asynccontextmanager
