@@ -120,9 +120,9 @@ class PDFlow:
 
     async def _serve_early(self, turn: Turn, decoder: Worker, decision: str) -> None:
         """--early-decode: P's call and D's request at once. D waits, admitted, for what P's call delivers to its
-        params inbox under the request's id; D's answer is the client's, whatever P did (exactly one answer)."""
+        params inbox under a key of the turn's; D's answer is the client's, whatever P did (exactly one answer)."""
         assert self.loop is not None
-        key = turn.headers["X-Request-Id"]
+        key = f"{_ID_PREFIX}early-{next(_ids)}"  # not the request id: a client may send one id twice at once
         bound = min(self.config.timeouts.prefill_s, self._time_left(turn)) + EARLY_WAIT_MARGIN_S
         turn.early = {AWAIT_PREFILL: key, AWAIT_S: round(bound, 3)}
         turn.mode = REMOTE_PREFILL

@@ -55,6 +55,7 @@ class FakeWorker:
     # waits (5 s at most) for its outcome there before it answers, and `outcomes` keeps what arrived by key
     inbox: Any = None
     outcomes: dict[str, Any] = field(default_factory=dict)
+    _inbox_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _runner: web.AppRunner | None = None
 
     @property
@@ -136,8 +137,10 @@ class FakeWorker:
     async def _await_outcome(self, key: str) -> None:
         deadline = asyncio.get_running_loop().time() + 5
         while key not in self.outcomes and asyncio.get_running_loop().time() < deadline:
-            for outcome in await asyncio.to_thread(self.inbox.drain, 0.05):
-                self.outcomes[outcome.key] = outcome
+            async with self._inbox_lock:  # one thread at a time on the ZMQ socket
+                if key not in self.outcomes:
+                    for outcome in await asyncio.to_thread(self.inbox.drain, 0.05):
+                        self.outcomes[outcome.key] = outcome
 
     def _prompt_tokens(self, body: dict[str, Any], chat: bool) -> int:
         if chat:

@@ -50,13 +50,33 @@ def test_the_decoder_gets_the_request_while_the_prefiller_computes_then_p_params
             c.p.release.set()
             assert await answer == (200, "Hello")
             [d_call], [p_call] = c.d.generate_calls, c.p.generate_calls
-            key = d_call.headers["X-Request-Id"]
+            key = d_call.body["kv_transfer_params"][AWAIT_PREFILL]
             assert d_call.body["kv_transfer_params"] == {AWAIT_PREFILL: key, AWAIT_S: 35.0}
-            assert p_call.headers["X-Request-Id"] == key
+            assert p_call.headers["X-Request-Id"] == d_call.headers["X-Request-Id"]
             outcome = c.d.outcomes[key]
             assert outcome.params["remote_engine_id"] == f"engine-{c.p.url}" and outcome.reason == ""
             m = c.state.metrics.render().decode()
             assert metric_value(m, "hybrid_pd_proxy_requests_total", mode="remote_prefill", status="200") == 1
+    run(body())
+
+
+def test_two_turns_under_one_client_request_id_wait_under_keys_of_their_own():
+    """A client may send one X-Request-Id twice at once: each turn's P params must reach its own D request."""
+    async def body():
+        async with early_cluster() as c:
+            c.p.hang = True
+            async with aiohttp.ClientSession() as s:
+                async def one(prompt: str) -> int:
+                    req = {"model": "m", "prompt": prompt, "max_tokens": 5}
+                    async with s.post(c.url + "/v1/completions", json=req, headers={"X-Request-Id": "same"}) as r:
+                        return r.status
+                both = asyncio.gather(one("first prompt"), one("second prompt"))
+                while len(c.d.generate_calls) < 2:
+                    await asyncio.sleep(0.01)
+                c.p.release.set()
+                assert await both == [200, 200]
+            keys = {d.body["kv_transfer_params"][AWAIT_PREFILL] for d in c.d.generate_calls}
+            assert len(keys) == 2 and keys == set(c.d.outcomes)
     run(body())
 
 
@@ -66,7 +86,7 @@ def test_a_prefiller_that_fails_tells_the_decoder_to_compute_and_the_client_gets
             c.p.status = 503
             assert await stream(c.url, REQ) == (200, "Hello")
             [d_call] = c.d.generate_calls
-            outcome = c.d.outcomes[d_call.headers["X-Request-Id"]]
+            outcome = c.d.outcomes[d_call.body["kv_transfer_params"][AWAIT_PREFILL]]
             assert outcome.params is None and outcome.reason
             m = c.state.metrics.render().decode()
             assert metric_value(m, "hybrid_pd_proxy_fallbacks_total", reason="prefill_5xx") == 1
@@ -79,7 +99,7 @@ def test_a_prefillers_4xx_goes_to_the_decoder_which_answers_for_itself():
         async with early_cluster() as c:
             c.p.status = 400
             assert await stream(c.url, REQ) == (200, "Hello")
-            outcome = c.d.outcomes[c.d.generate_calls[0].headers["X-Request-Id"]]
+            outcome = c.d.outcomes[c.d.generate_calls[0].body["kv_transfer_params"][AWAIT_PREFILL]]
             assert outcome.params is None and "400" in outcome.reason
     run(body())
 
