@@ -9,6 +9,10 @@ each --words length. Per turn: the client's TTFT (streamed, to the first token),
 early decode shortens: D's HTTP path, tokenization and scheduling now run while P computes).
 
     bash deploy/dev.sh run python -m benchmarks.early_decode [--pairs 20] [--words 300,1500] [--out DIR]
+    bash deploy/dev.sh run python -m benchmarks.early_decode --from-logs SEQUENTIAL.log EARLY.log
+
+`--from-logs`: the same figures of P's call and after P from two proxies' logs of another run (the GPU plan
+deploy/gpu/plans/early-decode.sh: the set-up's proxy log, then its --early-decode variant's).
 """
 
 from __future__ import annotations
@@ -48,6 +52,25 @@ def ttft_of(url: str, prompt: str, request_id: str) -> float:
     return first
 
 
+def timings(log_text: str) -> dict[str, dict]:
+    """Request id -> its PD turn's figures, from a proxy's --log-placement lines."""
+    return {m[1]: {"early": m[2] == "1", "turn_mode": m[3], "prefill_ms": float(m[4]), "after_prefill_ms": float(m[5])}
+            for m in TIMING.finditer(log_text)}
+
+
+def compare_logs(sequential: Path, early: Path) -> str:
+    got = {mode: list(timings(path.read_text(errors="replace")).values())
+           for mode, path in (("sequential", sequential), ("early", early))}
+    rows = ["| proxy | PD turns | P's call p50 ms | after P p50 ms | after P p90 ms |", "|---|---|---|---|---|"]
+    for mode, turns in got.items():
+        after = sorted(t["after_prefill_ms"] for t in turns)
+        p90 = after[int(0.9 * (len(after) - 1))] if after else float("nan")
+        rows.append(f"| {mode} | {len(turns)} | {p50([t['prefill_ms'] for t in turns]):.1f} | {p50(after):.1f} | "
+                    f"{p90:.1f} |")
+    ratio = p50([t["after_prefill_ms"] for t in got["early"]]) / p50([t["after_prefill_ms"] for t in got["sequential"]])
+    return "\n".join(rows) + f"\n\nafter P p50, early / sequential: {ratio:.2f}"
+
+
 def p50(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -58,7 +81,12 @@ def main() -> None:
     ap.add_argument("--words", default="300,1500", help="prompt lengths in words")
     ap.add_argument("--warmup", type=int, default=3, help="untimed turns per mode first")
     ap.add_argument("--out", default="", help="folder for raw.json and table.md")
+    ap.add_argument("--from-logs", nargs=2, type=Path, metavar=("SEQUENTIAL", "EARLY"),
+                    help="only compare two proxies' logs of another run")
     args = ap.parse_args()
+    if args.from_logs:
+        print(compare_logs(*args.from_logs))
+        return
     logs = Path(tempfile.mkdtemp(prefix="early-decode-"))
     model = str(build_tiny_model(TinyModelSpec()))
     procs: list[Launched] = []
@@ -90,13 +118,9 @@ def main() -> None:
         moved = {k: v - before[k] for k, v in transfer_counters(pair["d"].url).items()}
         for mode in MODES:
             proxies[mode].stop()
-        timings = {}
-        for mode in MODES:
-            for m in TIMING.finditer(proxies[mode].log_path.read_text()):
-                timings[m[1]] = {"early": m[2] == "1", "turn_mode": m[3], "prefill_ms": float(m[4]),
-                                 "after_prefill_ms": float(m[5])}
+        seen = {k: v for mode in MODES for k, v in timings(proxies[mode].log_path.read_text()).items()}
         for t in turns:
-            t.update(timings.get(t["id"], {}))
+            t.update(seen.get(t["id"], {}))
         table = ["| words | turns per mode | TTFT p50 ms, sequential | early | early / sequential | "
                  "P's answer -> D's first byte p50 ms, sequential | early | early / sequential | P's call p50 ms, "
                  "sequential | early |", "|---|---|---|---|---|---|---|---|---|---|"]
