@@ -11,6 +11,9 @@ early decode shortens: D's HTTP path, tokenization and scheduling now run while 
     bash deploy/dev.sh run python -m benchmarks.early_decode [--pairs 20] [--words 300,1500] [--out DIR]
     bash deploy/dev.sh run python -m benchmarks.early_decode --from-logs SEQUENTIAL.log EARLY.log
 
+`--channel N`: only the delivery itself, N times: the proxy's outbox (proxy/params_outbox.py) to a decoder's
+inbox (connector/params_inbox.py) waiting in another thread as an idle decoder's step does, with params the size
+of a first turn's (P's handshake in them, ~4 KB) and of a later one's (~0.5 KB).
 `--from-logs`: the same figures of P's call and after P from two proxies' logs of another run (the GPU plan
 deploy/gpu/plans/early-decode.sh: the set-up's proxy log, then its --early-decode variant's).
 """
@@ -52,6 +55,41 @@ def ttft_of(url: str, prompt: str, request_id: str) -> float:
     return first
 
 
+def channel(n: int) -> str:
+    """Delivery latency (outbox send -> inbox drain returns it), microseconds, p50 / p99, per params size."""
+    import threading
+
+    from hybrid_pd.connector.params_inbox import ParamsInbox
+    from hybrid_pd.proxy.params_outbox import ParamsOutbox
+
+    inbox, outbox = ParamsInbox("127.0.0.1", free_port()), ParamsOutbox()
+    rows = []
+    try:
+        for label, size in (("first turn (~4 KB)", 4096), ("later turn (~0.5 KB)", 512)):
+            params = {"remote_engine_id": "P", "remote_block_ids": [list(range(16))] * 2, "blob": "x" * size}
+            took: list[float] = []
+            for i in range(n):
+                sent = [0.0]
+                t = threading.Thread(target=_receive, args=(inbox, sent, took))
+                t.start()
+                time.sleep(0.001)  # the decoder waits on its inbox already
+                sent[0] = time.perf_counter()
+                outbox.deliver(inbox.address, f"k{i}", params)
+                t.join(5)
+            took.sort()
+            rows.append(f"| {label} | {n} | {took[n // 2] * 1e6:.0f} | {took[int(0.99 * (n - 1))] * 1e6:.0f} |")
+    finally:
+        outbox.close()
+        inbox.close()
+    return "\n".join(["| params | deliveries | p50 us | p99 us |", "|---|---|---|---|", *rows])
+
+
+def _receive(inbox, sent: list[float], took: list[float]) -> None:
+    while not inbox.drain(0.002):  # an idle decoder's step: a short wait on the inbox, again
+        pass
+    took.append(time.perf_counter() - sent[0])
+
+
 def timings(log_text: str) -> dict[str, dict]:
     """Request id -> its PD turn's figures, from a proxy's --log-placement lines."""
     return {m[1]: {"early": m[2] == "1", "turn_mode": m[3], "prefill_ms": float(m[4]), "after_prefill_ms": float(m[5])}
@@ -83,7 +121,11 @@ def main() -> None:
     ap.add_argument("--out", default="", help="folder for raw.json and table.md")
     ap.add_argument("--from-logs", nargs=2, type=Path, metavar=("SEQUENTIAL", "EARLY"),
                     help="only compare two proxies' logs of another run")
+    ap.add_argument("--channel", type=int, default=0, metavar="N", help="only time N deliveries of the channel")
     args = ap.parse_args()
+    if args.channel:
+        print(channel(args.channel))
+        return
     if args.from_logs:
         print(compare_logs(*args.from_logs))
         return
