@@ -10,7 +10,7 @@ local hit, bad params, aborted before scheduling) is still announced to P so tha
 Early decode (D): a request that carries a transfer key instead of P's params (the proxy sent it while P computes)
 is not ready (`get_num_new_matched_tokens` answers None, vLLM asks again next step) until the proxy delivers P's
 params for that key to the params inbox; then it loads as above. P failed, or no params within the wait's bound:
-D computes the prompt itself (awaiting.py).
+D computes the prompt itself (early_decode.py).
 """
 
 from __future__ import annotations
@@ -23,15 +23,14 @@ from typing import Any, Protocol
 
 import msgspec
 
-from hybrid_pd.connector.awaiting import Awaiting, Verdict
-from hybrid_pd.connector.contract import AWAIT_PREFILL, AWAIT_S, DECODER_KNOWS, PREFILL_STOP, STOP_BOUNDARY, STOP_LAST
+from hybrid_pd.connector.contract import AWAIT_PREFILL, DECODER_KNOWS, PREFILL_STOP, STOP_BOUNDARY, STOP_LAST
+from hybrid_pd.connector.early_decode import EarlyDecodes, OutcomeSource
 from hybrid_pd.connector.errors import ConnectorError
 from hybrid_pd.connector.integrity import digest_targets
 from hybrid_pd.connector.messages import (
     BlockDigests,
     CheckpointRef,
     GroupDigests,
-    PrefillOutcome,
     RemotePrefill,
     parse_remote_prefill,
 )
@@ -39,7 +38,6 @@ from hybrid_pd.connector.plan import NULL_BLOCK, Checkpoint, GroupSpec, plan_tra
 from hybrid_pd.connector.step import LoadJob, StepMeta
 
 log = logging.getLogger("vllm." + __name__)  # under vLLM's configured logger
-IDLE_AWAIT_S = 0.001  # a step with nothing to compute waits this long on the inbox when idle_wait_s is 0
 MARK_TRUNCATED = "_hybrid_pd_truncated"
 MARK_JUNCTION = "_hybrid_pd_junction"  # P stopped at a junction: the state there crosses as a checkpoint too
 
@@ -58,13 +56,6 @@ class CheckpointStore(Protocol):
 
     def release(self, block_ids: Sequence[int]) -> None:
         """Drop our reference to blocks pinned or reserved above."""
-
-
-class OutcomeSource(Protocol):
-    """Where the proxy's deliveries for early decodes come from (params_inbox.ParamsInbox)."""
-
-    def drain(self, wait_s: float = 0.0) -> list[PrefillOutcome]:
-        """Every outcome delivered so far, waiting up to `wait_s` for the first."""
 
 
 class SchedulerSide:
@@ -101,9 +92,7 @@ class SchedulerSide:
         self.digests = digests  # P: have the workers digest each request's blocks (integrity.py)
         self._prefilling: dict[str, tuple[Any, list[list[int]]]] = {}  # P: request, its block ids so far
         self._awaiting: dict[str, dict] = {}  # P: kv_transfer_params returned this step, digests to come
-        self.inbox = inbox  # D: the proxy's deliveries for early decodes (None: this decoder takes none)
-        self.await_timeout_s, self._idle_wait_s, self._clock = await_timeout_s, idle_wait_s, clock
-        self.waits = Awaiting(keep_s=await_timeout_s)  # D: early decodes waiting for P's params
+        self.early = EarlyDecodes(inbox, await_timeout_s, idle_wait_s, clock)  # D: requests waiting for P's params
 
     @property
     def ship_checkpoints(self) -> bool:
@@ -186,7 +175,7 @@ class SchedulerSide:
         self._loading.pop(request.request_id, None)
         self._prefilling.pop(request.request_id, None)
         if AWAIT_PREFILL in params:  # D: finished (aborted?) while it waited for P: P is told to free when it answers
-            self.waits.abandon(str(params[AWAIT_PREFILL]), self._clock())
+            self.early.abandon(params)
             return False, None
         if params.get("do_remote_prefill"):  # D: finished (aborted?) before it ever read
             self._reject(request, "finished before the KV was read")
@@ -256,67 +245,13 @@ class SchedulerSide:
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         params = request.kv_transfer_params
-        if params and AWAIT_PREFILL in params and not self._await_verdict(request, params):
+        if params and AWAIT_PREFILL in params and not self.early.verdict(request.request_id, params, self._meta):
             return None, False  # not ready: vLLM asks again next step
         remote = self._remote(request)
         if remote is None:
             return 0, False
         count = min(remote.remote_num_tokens, request.num_prompt_tokens) - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
-
-    def _await_verdict(self, request: Any, params: dict) -> bool:
-        """Early decode: False while the request still waits for P's outcome; True once it has one, which is then
-        in its params: P's (it loads as any PD request) or none (D computes the prompt)."""
-        key = str(params[AWAIT_PREFILL])
-        now = self._clock()
-        if self.inbox is None:
-            verdict = Verdict(None, "this decoder has no params inbox (HYBRID_PD_PARAMS_PORT)")
-        else:
-            self._collect(0.0, now)
-            bound, own = params.get(AWAIT_S), self.await_timeout_s  # the proxy's bound, where it sent one, and ours
-            if isinstance(bound, (int, float)) and not isinstance(bound, bool) and 0 < bound < own:
-                own = float(bound)
-            found = self.waits.ask(key, own, now)
-            if found is None:
-                return False
-            verdict = found
-        del params[AWAIT_PREFILL]
-        params.pop(AWAIT_S, None)
-        if verdict.params is not None:
-            params.update(verdict.params)
-        else:
-            log.warning("request %s: no remote prefill (%s): computing the prompt", request.request_id, verdict.reason)
-            self._meta.failed_waits.append(request.request_id)
-        return True
-
-    def _collect(self, wait_s: float, now: float) -> None:
-        assert self.inbox is not None
-        try:
-            outcomes = self.inbox.drain(wait_s)
-        except ConnectorError as e:
-            log.warning("params inbox: %s", e)
-            return
-        for outcome in outcomes:
-            self.waits.deliver(outcome, now)
-
-    def _pump_inbox(self, scheduled_tokens: int) -> None:
-        """D, once per step: take in the proxy's deliveries (in a step with nothing to compute but early decodes
-        waiting, wait a little for one: a delivery then wakes the engine at once, not a spin later), and tell P to
-        free what nobody will read."""
-        if self.inbox is None:
-            return
-        idle = scheduled_tokens == 0 and len(self.waits) > 0 and not self._loading
-        self._collect((self._idle_wait_s or IDLE_AWAIT_S) if idle else 0.0, self._clock())
-        self.waits.expire(self._clock())
-        for params in self.waits.orphans:
-            try:
-                remote = parse_remote_prefill(params)
-            except ConnectorError as e:
-                log.warning("prefill params nobody waits for, unreadable: %s", e)
-                continue
-            reason = "no decode request waits for it"
-            self._meta.loads.append(LoadJob(f"orphan-{remote.remote_request_id}", remote, None, reason))
-        self.waits.orphans.clear()
 
     def update_state_after_alloc(
         self, request: Any, block_ids: Sequence[Sequence[int]], num_external_tokens: int
@@ -389,7 +324,7 @@ class SchedulerSide:
     # ---- both -------------------------------------------------------------------------------------------
     def build_meta(self, scheduled_tokens: int = 1, per_request: dict[str, int] | None = None) -> StepMeta:
         """This step's work for the workers; `per_request`: the tokens vLLM scheduled per request id."""
-        self._pump_inbox(scheduled_tokens)
+        self.early.pump(scheduled_tokens == 0 and not self._loading, self._meta)
         meta, self._meta = self._meta, StepMeta()
         meta.idle = scheduled_tokens == 0 and bool(self._loading)
         self._awaiting.clear()  # a step's params got their digests in its own output, or get none
