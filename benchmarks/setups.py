@@ -145,6 +145,8 @@ def launcher_argv(machine: Machine, role: str, connector: str, port: int, ready_
     argv = [HYBRID_PD, role, "--connector", connector, "--model", machine.model, "--port", str(port),
             "--side-channel-port", str(free_port()), "--kv-events-port", str(free_port()),
             "--served-model-name", machine.served_name, "--ready-file", str(ready_file), *machine.flags(role)]
+    if role == "decode" and connector == "hybrid":  # a params inbox, for a proxy variant with --early-decode
+        argv += ["--params-port", str(free_port())]
     vllm_flags = machine.vllm_flags()
     return argv + (["--", *vllm_flags] if vllm_flags else [])
 
@@ -158,6 +160,8 @@ def proxy_argv(machine: Machine, port: int, prefill: list[Launched], decode: Lau
             "--log-placement", "--warm-pairs", *(["--shared-device"] if shared else []), *extra]
     for p in prefill:
         argv += ["--prefill", p.url, "--prefill-events", events_url(p)]
+    if inbox := inbox_url(decode):
+        argv += ["--decode-inbox", inbox]
     return argv + ["--decode-events", events_url(decode)]
 
 
@@ -222,6 +226,11 @@ def flag(argv: list[str], name: str) -> str:
 def events_url(worker: Launched) -> str:
     """Where a worker publishes its KV events (its --kv-events-port)."""
     return f"tcp://127.0.0.1:{flag(worker.argv, '--kv-events-port')}"
+
+
+def inbox_url(worker: Launched) -> str | None:
+    """Where a decoder takes P's params for early decodes (its --params-port), if it has an inbox."""
+    return f"tcp://127.0.0.1:{flag(worker.argv, '--params-port')}" if "--params-port" in worker.argv else None
 
 
 def _split(extra: tuple[str, ...]) -> tuple[list[str], list[str]]:

@@ -19,6 +19,11 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
     idle_wait_ms        HYBRID_PD_IDLE_WAIT_MS         0          D: sleep this long in a step that computes
                                                                   nothing while READs are in flight (CPU
                                                                   launchers: 2)
+    params_port         HYBRID_PD_PARAMS_PORT          0          D: the port of its params inbox, where the proxy's
+                                                                  --early-decode delivers P's params (0: none; it
+                                                                  binds the side channel's host)
+    await_timeout_s     HYBRID_PD_AWAIT_TIMEOUT_S      120        D: the longest an early decode waits for P's
+                                                                  params before it computes the prompt, seconds
     nixl_delay_us       NIXL_PTHR_DELAY_US             1000       NIXL progress thread: sleep between polls, us
                                                                   (NIXL's own is 0: a spinning core per agent)
                         HYBRID_PD_KEEP_AFFINITY        0          CPU engines: keep threads on their --cpu-bind
@@ -71,6 +76,8 @@ class ConnectorConfig:
     keep_affinity: bool = False
     prefill_to_boundary: bool = True
     kv_digests: float = 1.0
+    params_port: int = 0
+    await_timeout_s: float = 120.0
     test_corrupt_reads: int = 0
     test_corrupt_kind: str = "flip"
 
@@ -96,6 +103,8 @@ class ConnectorConfig:
             ship_checkpoints=setting("ship_checkpoints", "HYBRID_PD_SHIP_CHECKPOINTS", True, _flag),
             prefill_to_boundary=setting("prefill_to_boundary", "HYBRID_PD_PREFILL_TO_BOUNDARY", True, _flag),
             kv_digests=setting("kv_digests", "HYBRID_PD_KV_DIGESTS", 1.0, float),
+            params_port=setting("params_port", "HYBRID_PD_PARAMS_PORT", 0, int),
+            await_timeout_s=setting("await_timeout_s", "HYBRID_PD_AWAIT_TIMEOUT_S", 120.0, float),
             test_corrupt_reads=setting(None, "HYBRID_PD_TEST_CORRUPT_READS", 0, int),
             test_corrupt_kind=env.get("HYBRID_PD_TEST_CORRUPT_KIND", "flip"),
             nixl_backend=nixl_backend(extra, env),  # checked in both roles: a typo fails at start-up
@@ -106,7 +115,10 @@ class ConnectorConfig:
             legacy_transfer_results=env.get("HYBRID_PD_TRANSFER_RESULTS") == "legacy",
             conv_state_layout=env.get("VLLM_SSM_CONV_STATE_LAYOUT"),
         )
-        for name, value in (("read_timeout_s", config.read_timeout_s), ("lease_s", config.lease_s)):
+        if not 0 <= config.params_port < 65536:
+            raise ConfigurationError(f"params_port={config.params_port}: a TCP port, or 0 (no params inbox)")
+        timeouts = ("read_timeout_s", config.read_timeout_s), ("lease_s", config.lease_s)
+        for name, value in (*timeouts, ("await_timeout_s", config.await_timeout_s)):
             if not value > 0:
                 raise ConfigurationError(f"{name}={value}: must be > 0 seconds")
         if not 0 <= config.kv_digests <= 1:

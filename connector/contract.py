@@ -26,3 +26,9 @@ TINY_SERVED_NAME = "hybrid-pd-tiny"
 # computes the rest, so that D holds the state there). Absent: the engine's own setting (prefill_to_boundary).
 PREFILL_STOP = "hybrid_pd_prefill_stop"
 STOP_BOUNDARY, STOP_LAST = "boundary", "last"
+
+# Early decode (the proxy's --early-decode): in the decode request's kv_transfer_params, sent while P still computes,
+# in place of P's params: the transfer key under which the proxy will deliver P's params (or P's failure) to this
+# decoder's params inbox (connector/params_inbox.py), and how long the decoder waits for them (seconds) before it
+# computes the prompt itself.
+AWAIT_PREFILL, AWAIT_S = "hybrid_pd_await_prefill", "hybrid_pd_await_s"

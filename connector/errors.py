@@ -7,7 +7,7 @@
     │   └── IncompatiblePeer    handshake: other protocol version or KV layout (says what differs)
     ├── PlanError               P's and D's block lists cannot describe the transfer
     ├── DigestMismatch          landed KV blocks differ from the prefiller's digests of them
-    └── TransportError          NIXL / ZMQ failed (mapped in transport.py and side_channel.py only)
+    └── TransportError          NIXL / ZMQ failed (mapped in transport.py, side_channel.py and params_inbox.py only)
         └── HandshakeError      the peer's side channel did not answer
             ├── PeerGone        nothing listens there: the peer is down (no use asking again)
             └── HandshakeTimeout    it listens but did not answer in time (starved? asked again)

@@ -1,4 +1,5 @@
-"""Wire messages: the handshake, the kv_transfer_params P returns, and D's notifications to P.
+"""Wire messages: the handshake, the kv_transfer_params P returns, D's notifications to P, and the outcome of P's
+call that the proxy delivers to an early decode's params inbox.
 
 All are msgspec Structs carrying `PROTOCOL_VERSION`. `Handshake.check_compatible` and the decoders fail
 with `IncompatiblePeer` / `BadTransferParams` and a message saying what differs, never with a bare
@@ -175,7 +176,19 @@ class Rejected(Notification, tag="rejected", frozen=True):
     reason: str = ""
 
 
+class PrefillOutcome(msgspec.Struct, frozen=True):
+    """Proxy -> D's params inbox (early decode, connector/params_inbox.py): how the prefill under transfer key `key`
+    ended. `params`: P's kv_transfer_params (D loads them as if the request had carried them); None: P failed,
+    timed out or was skipped (`reason`), and D computes the prompt itself."""
+
+    key: str
+    params: dict | None = None
+    reason: str = ""
+    version: int = PROTOCOL_VERSION
+
+
 _notif_decoder = msgspec.msgpack.Decoder(Done | Rejected)
+_outcome_decoder = msgspec.msgpack.Decoder(PrefillOutcome)
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -207,3 +220,16 @@ def decode_handshake(data: bytes) -> Handshake:
         return msgspec.msgpack.decode(data, type=Handshake)
     except msgspec.ValidationError as e:
         raise IncompatiblePeer(f"handshake of version {version} does not match ours: {e}") from None
+
+
+def decode_outcome(data: bytes) -> PrefillOutcome:
+    try:
+        msg = _outcome_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ProtocolError(f"unreadable prefill outcome {data[:40]!r}: {e}") from None
+    if msg.version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"prefill outcome of protocol version {msg.version}, this decoder speaks {PROTOCOL_VERSION}: run the "
+            "same hybrid-pd release on the proxy and the decoders"
+        )
+    return msg

@@ -7,18 +7,24 @@ at the last block boundary P holds (pinned too, if `checkpoints` can find it).
 Decode (D, consumer): a request carrying P's params is matched for `remote_num_tokens` minus D's own hit,
 loaded asynchronously; the plan is made once blocks are allocated. A request D will not read from (full
 local hit, bad params, aborted before scheduling) is still announced to P so that P frees it.
+Early decode (D): a request that carries a transfer key instead of P's params (the proxy sent it while P computes)
+is not ready (`get_num_new_matched_tokens` answers None, vLLM asks again next step) until the proxy delivers P's
+params for that key to the params inbox; then it loads as above. P failed, or no params within the wait's bound:
+D computes the prompt itself (early_decode.py).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
 
-from hybrid_pd.connector.contract import DECODER_KNOWS, PREFILL_STOP, STOP_BOUNDARY, STOP_LAST
+from hybrid_pd.connector.contract import AWAIT_PREFILL, DECODER_KNOWS, PREFILL_STOP, STOP_BOUNDARY, STOP_LAST
+from hybrid_pd.connector.early_decode import EarlyDecodes, OutcomeSource
 from hybrid_pd.connector.errors import ConnectorError
 from hybrid_pd.connector.integrity import digest_targets
 from hybrid_pd.connector.messages import (
@@ -65,6 +71,10 @@ class SchedulerSide:
         ship_checkpoints: bool = True,
         prefill_to_boundary: bool = True,
         digests: bool = False,
+        inbox: OutcomeSource | None = None,
+        await_timeout_s: float = 120.0,
+        idle_wait_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.engine_id, self.host, self.port = engine_id, host, port
         self.groups = list(groups)
@@ -82,6 +92,7 @@ class SchedulerSide:
         self.digests = digests  # P: have the workers digest each request's blocks (integrity.py)
         self._prefilling: dict[str, tuple[Any, list[list[int]]]] = {}  # P: request, its block ids so far
         self._awaiting: dict[str, dict] = {}  # P: kv_transfer_params returned this step, digests to come
+        self.early = EarlyDecodes(inbox, await_timeout_s, idle_wait_s, clock)  # D: requests waiting for P's params
 
     @property
     def ship_checkpoints(self) -> bool:
@@ -163,6 +174,9 @@ class SchedulerSide:
             return False, None
         self._loading.pop(request.request_id, None)
         self._prefilling.pop(request.request_id, None)
+        if AWAIT_PREFILL in params:  # D: finished (aborted?) while it waited for P: P is told to free when it answers
+            self.early.abandon(params)
+            return False, None
         if params.get("do_remote_prefill"):  # D: finished (aborted?) before it ever read
             self._reject(request, "finished before the KV was read")
             return False, None
@@ -229,7 +243,10 @@ class SchedulerSide:
             log.warning("request %s: ignoring kv_transfer_params: %s", request.request_id, e)
             return None
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        params = request.kv_transfer_params
+        if params and AWAIT_PREFILL in params and not self.early.verdict(request.request_id, params, self._meta):
+            return None, False  # not ready: vLLM asks again next step
         remote = self._remote(request)
         if remote is None:
             return 0, False
@@ -307,6 +324,7 @@ class SchedulerSide:
     # ---- both -------------------------------------------------------------------------------------------
     def build_meta(self, scheduled_tokens: int = 1, per_request: dict[str, int] | None = None) -> StepMeta:
         """This step's work for the workers; `per_request`: the tokens vLLM scheduled per request id."""
+        self.early.pump(scheduled_tokens == 0 and not self._loading, self._meta)
         meta, self._meta = self._meta, StepMeta()
         meta.idle = scheduled_tokens == 0 and bool(self._loading)
         self._awaiting.clear()  # a step's params got their digests in its own output, or get none

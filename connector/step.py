@@ -25,4 +25,5 @@ class StepMeta:
     leases: dict[str, float] = dataclasses.field(default_factory=dict)  # P: request id -> lease seconds
     # P: request id -> per-group block ids to digest after this step's forward pass (its prompt completes in it)
     digests: dict[str, list[list[int]]] = dataclasses.field(default_factory=dict)
+    failed_waits: list[str] = dataclasses.field(default_factory=list)  # D: early decodes P never fed (metrics)
     idle: bool = False  # the step computes nothing: the worker may wait for its READs instead of spinning

@@ -111,6 +111,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         self.sched: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         self._server: Any = None  # the SideChannelServer (imported with NIXL, on the worker side only)
+        self._inbox: Any = None  # D's ParamsInbox (scheduler side only)
         if role == KVConnectorRole.SCHEDULER:
             # the engine core's own block sizes: the launcher reads the aligned block from this line where vLLM
             # logs none (it logs one only when it changes the block: the tiny Zamba2 on vLLM 0.26's GPU)
@@ -119,6 +120,12 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 ", ".join(f"{g.kind} {g.block_size}" for g in self.groups),
                 math.lcm(*(g.block_size for g in self.groups)) if self.groups else 0,
             )
+            inbox = None
+            if self.config.params_port and ktc.kv_role == "kv_consumer":
+                from hybrid_pd.connector.params_inbox import ParamsInbox
+
+                inbox = self._inbox = ParamsInbox(self.host, self.config.params_port)
+                log.info("hybrid-pd params inbox for early decodes: %s", inbox.address)
             self.sched = SchedulerSide(
                 engine_id=self.engine_id,
                 host=self.host,
@@ -128,6 +135,9 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 ship_checkpoints=self.config.ship_checkpoints,
                 prefill_to_boundary=self.config.prefill_to_boundary,
                 digests=self.config.kv_digests > 0,
+                inbox=inbox,
+                await_timeout_s=self.config.await_timeout_s,
+                idle_wait_s=self.config.idle_wait_ms / 1000,
             )
 
     @classmethod
@@ -380,6 +390,8 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         return HybridPDPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
+        if self._inbox is not None:
+            self._inbox.close()
         if self._server is not None:
             self._server.close()
         if self.worker is not None:

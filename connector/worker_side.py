@@ -163,6 +163,8 @@ class WorkerSide:
         for req_id, lease_s in meta.leases.items():
             self._leases[req_id] = now + lease_s
         self._to_digest.update(meta.digests)
+        # early decodes whose prefiller never fed them (D computes the prompt): failed remote loads in the metrics
+        self.stats += [TransferStats(req_id, failed=True) for req_id in meta.failed_waits]
         self._idle = meta.idle
 
     def take_digests(self) -> dict[str, list[GroupDigests]]:

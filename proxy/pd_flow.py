@@ -8,6 +8,10 @@
          -> P's kv_transfer_params. P's one sampled token is dropped: D samples the first token itself.
          5xx, timeout, unreachable, or no kv_transfer_params -> decode-only fallback; 4xx -> to the client
     5. D: the original body + P's kv_transfer_params; its answer (JSON or SSE) is relayed, cached_tokens fixed
+   With --early-decode, 4 and 5 start together where D has a params inbox: D gets the body with a transfer key
+   (contract.AWAIT_PREFILL) at once, admits and tokenizes it while P computes, and P's params, or P's failure (then
+   D computes the prompt itself: the fallback), reach D's inbox as soon as P answers (params_outbox.py). P's 4xx
+   does not reach the client then: D, validating the same body, answers for itself.
 
 Everything one request carries between the steps is a `Turn` (turn.py). A client that leaves during step 4 leaves
 P's call behind (an option of the upstream call): P's answer is read off its connection (or dropped at P's own
@@ -24,7 +28,7 @@ import os
 import time
 from typing import Any
 
-from hybrid_pd.connector.contract import DECODER_KNOWS, PREFILL_STOP
+from hybrid_pd.connector.contract import AWAIT_PREFILL, AWAIT_S, DECODER_KNOWS, PREFILL_STOP
 
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .handshakes import HandshakeMemo
@@ -32,6 +36,7 @@ from .http.request import Request
 from .kv.groups import aligned_block
 from .metrics import FlowRecorder
 from .openai_api import OpenAIRequest
+from .params_outbox import ParamsOutbox
 from .placement.cost_model import remote_tail
 from .placement.decider import Decider
 from .placement.disagg import is_remote
@@ -50,6 +55,9 @@ FORWARDED_HEADERS = ("authorization",)
 _ID_PREFIX = f"pd-{os.urandom(8).hex()}-"
 _ids = itertools.count(1)
 
+# --early-decode: D waits for P's outcome this much longer than the proxy waits for P (the delivery's own way)
+EARLY_WAIT_MARGIN_S = 5.0
+
 # Prompts longer than this are tokenized in a thread (a 9k-token prompt takes milliseconds that other requests'
 # streams would wait for on the event loop); shorter ones cost less inline than the thread's hand-over.
 INLINE_TOKENIZE_CHARS = 8192
@@ -64,6 +72,7 @@ class PDFlow:
         self.record = FlowRecorder(state.metrics)
         self.handshakes = HandshakeMemo()
         self.decider = Decider(state, self.record)
+        self.outbox = ParamsOutbox()  # --early-decode: P's outcomes to the decoders' params inboxes
         # The serving loop, bound at the first request; passed down rather than asked for (on Python 3.11 each
         # asyncio.get_running_loop() is a getpid system call: ten of them were 4% of the CPU per request).
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -91,15 +100,65 @@ class PDFlow:
         decoder = turn.decoder = self._pick("decode", context)
         decision = self.decider.decide(turn, decoder)
         self.record.decision(decision)
-        if is_remote(decision):
-            await self._prefill(turn)
-            self.decider.learn_prefiller_call(turn)
-            if turn.transfer_params is not None:
-                turn.decoder_hit = context.hits.get(decoder.url)
-        self.decider.misroute(turn, decoder, decision)
-        await self._decode(turn, decoder)
+        if is_remote(decision) and self.config.disagg.early_decode and decoder.inbox:
+            await self._serve_early(turn, decoder, decision)
+        else:
+            if is_remote(decision):
+                await self._prefill_step(turn, decoder)
+            self.decider.misroute(turn, decoder, decision)
+            await self._decode(turn, decoder)
         self.record.latency(body.endpoint, time.perf_counter() - started)
+        self._log_pd_timing(turn)
         self.decider.learn(turn)
+
+    async def _prefill_step(self, turn: Turn, decoder: Worker) -> None:
+        await self._prefill(turn)
+        turn.prefill_answered = time.perf_counter()
+        self.decider.learn_prefiller_call(turn)
+        if turn.transfer_params is not None:
+            turn.decoder_hit = turn.context.hits.get(decoder.url)
+
+    async def _serve_early(self, turn: Turn, decoder: Worker, decision: str) -> None:
+        """--early-decode: P's call and D's request at once. D waits, admitted, for what P's call delivers to its
+        params inbox under a key of the turn's; D's answer is the client's, whatever P did (exactly one answer)."""
+        assert self.loop is not None
+        key = f"{_ID_PREFIX}early-{next(_ids)}"  # not the request id: a client may send one id twice at once
+        bound = min(self.config.timeouts.prefill_s, self._time_left(turn)) + EARLY_WAIT_MARGIN_S
+        turn.early = {AWAIT_PREFILL: key, AWAIT_S: round(bound, 3)}
+        turn.mode = REMOTE_PREFILL
+        task = turn.prefill_task = self.loop.create_task(self._prefill_and_deliver(turn, decoder, key))
+        try:
+            await self._decode(turn, decoder)
+            await task  # done already unless D answered without it (an error); bounded by P's timeout
+        finally:
+            if not task.done():  # the client left, or the deadline passed: P's call is left behind (its lease frees)
+                task.cancel()
+        self.decider.misroute(turn, decoder, decision)
+
+    async def _prefill_and_deliver(self, turn: Turn, decoder: Worker, key: str) -> None:
+        """P's call, then its outcome to D's params inbox: P's params (P's handshakes left out where D has them), or
+        the reason D computes the prompt itself. Nothing raises out of here: D waits for the delivery."""
+        assert decoder.inbox is not None
+        try:
+            await self._prefill_step(turn, decoder)
+            reason = "" if turn.transfer_params is not None else "prefill fell back"
+        except UpstreamStatus as e:  # P's 4xx: D, validating the same body, answers the client itself
+            turn.prefill_answered, reason = time.perf_counter(), f"prefill_{e.status}"
+            self._fallback(turn, reason)
+        except TimeoutError:
+            turn.prefill_answered, reason = time.perf_counter(), "total deadline"
+            self._fallback(turn, reason)
+        except Exception:  # noqa: BLE001  the top of this task: D must hear, or it waits out its bound
+            log.exception("early decode %s: the prefill step failed", key)
+            turn.prefill_answered, reason = time.perf_counter(), "internal"
+            turn.transfer_params = None
+            self._fallback(turn, reason)
+        params = turn.transfer_params
+        if params is not None:
+            params, turn.handshake_to = self.handshakes.params_for(params, decoder.url, decoder.identity)
+        if not self.outbox.deliver(decoder.inbox, key, params, reason) and params is not None:
+            turn.transfer_params = None  # D computes the prompt once its wait ends
+            self._fallback(turn, "delivery_failed")
 
     # ---- steps --------------------------------------------------------------------------------------------
     def _time_left(self, turn: Turn) -> float:
@@ -280,6 +339,9 @@ class PDFlow:
                 if attempt or not any(w is not decoder for w in self.pool.admitted("decode")):
                     raise
                 decoder = self._pick("decode", turn.context, exclude=decoder)
+                if turn.prefill_task is not None:  # the early request never reached D: P's answer goes with
+                    turn.early = None  # the request to the next decoder, in turn
+                    await turn.prefill_task
         if answered is None:  # the client left mid-stream
             return
         status, usage = answered
@@ -297,12 +359,18 @@ class PDFlow:
         assert self.loop is not None
         endpoint, stream = turn.body.endpoint, turn.body.stream
         params, handshake_to = turn.transfer_params, None
-        if params is not None:  # P's handshake only to a decoder that has not had it yet (handshakes.py)
+        if turn.early is not None:  # P's params go to D's inbox once P answers (_prefill_and_deliver)
+            params = turn.early
+        elif params is not None:  # P's handshake only to a decoder that has not had it yet (handshakes.py)
             params, handshake_to = self.handshakes.params_for(params, decoder.url, decoder.identity)
         body = turn.body.decode_body(params, self.config.kv.forward_token_ids)
         remaining = max(0.001, turn.deadline - self.loop.time())
-        # A JSON answer's headers come with its last byte; an SSE answer's right away (then its first line)
-        first_byte = min(self.config.timeouts.decode_first_byte_s, remaining) if stream else remaining
+        # A JSON answer's headers come with its last byte; an SSE answer's right away (then its first line), which an
+        # early decode sends after P's prefill
+        first_byte_s = self.config.timeouts.decode_first_byte_s
+        if turn.early is not None:
+            first_byte_s += self.config.timeouts.prefill_s
+        first_byte = min(first_byte_s, remaining) if stream else remaining
         split = self.config.disagg.usage_breakdown
 
         def fix(chunk: dict[str, Any]) -> int | None:
@@ -318,7 +386,7 @@ class PDFlow:
 
         # a turn D serves alone queues its uncached prompt on D until its first token (what the next turn's
         # placement reads as D's queue: turns placed milliseconds apart see each other)
-        local = turn.transfer_params is None and turn.context.token_ids is not None
+        local = turn.transfer_params is None and turn.early is None and turn.context.token_ids is not None
         busy = self.pool.busy(decoder, turn.context.uncached_on(self.state.deps, decoder.url) if local else 0)
 
         def first_byte_out() -> None:
@@ -356,9 +424,25 @@ class PDFlow:
                     first_byte_out()
                     turn.first_byte = None  # a whole answer: its first byte is its last
                     usage = payload.get("usage") if isinstance(payload, dict) else None
+        handshake_to = turn.handshake_to if turn.early is not None else handshake_to
         if handshake_to is not None and status < 400:
             self.handshakes.delivered(handshake_to)
         return status, usage
+
+    def _log_pd_timing(self, turn: Turn) -> None:
+        """--log-placement: each PD turn's P call and the time from P's answer to D's first byte, as the proxy saw
+        them (what --early-decode shortens; benchmarks/early_decode.py reads these lines)."""
+        if not self.config.disagg.log_placement or turn.prefill_answered is None or turn.first_byte is None:
+            return
+        log.info(
+            "pd timing %s: early=%d mode=%s prefill_ms=%.2f after_prefill_ms=%.2f ttft_ms=%.2f",
+            turn.headers["X-Request-Id"],
+            turn.early is not None,
+            turn.mode,
+            turn.prefill_ms or 0.0,
+            (turn.first_byte - turn.prefill_answered) * 1000,
+            (turn.first_byte - turn.started) * 1000,
+        )
 
     def _check_decoder_hit(self, turn: Turn, decoder: Worker) -> None:
         """Decoder-first: a turn D served alone completes there whatever D really holds (vLLM computes what it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,3 +39,9 @@ class Turn:
     prefill_alone: bool = False  # nothing else of this proxy's was on it meanwhile (its call times a prefill)
     reported_hit: int | None = None  # D's own cached_tokens on a turn it served alone (its answer's usage)
     first_byte: float | None = None  # time.perf_counter() of the first streamed byte
+    prefill_answered: float | None = None  # time.perf_counter() when P's answer (or failure) reached the proxy
+    # --early-decode: the kv_transfer_params D's request carries while P computes (a transfer key), and the task
+    # that calls P and delivers its outcome to D's params inbox
+    early: dict[str, Any] | None = None
+    prefill_task: asyncio.Task[None] | None = None
+    handshake_to: Any = None  # early: the (D, P) pair to mark delivered once D answered (proxy/handshakes.py)

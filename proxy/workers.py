@@ -35,6 +35,7 @@ class Worker:
     role: Role
     events: str | None = None
     identity: str | None = None  # the engine's identity where discovery knows one (a pod UID)
+    inbox: str | None = None  # a decoder's params inbox (early decode), tcp://host:port
     terminating: bool = False  # takes no new requests
     healthy: bool = True
     in_flight: int = 0
@@ -87,7 +88,7 @@ class WorkerPool:
             if w is None or w.events != spec.events or not same_engine(w.identity, spec.identity):
                 if w is not None:
                     self._emit("removed", w)
-                w = Worker(spec.url, role, spec.events, spec.identity)
+                w = Worker(spec.url, role, spec.events, spec.identity, spec.inbox)
                 self._emit("added", w)
             if w.terminating != spec.terminating:
                 log.info(
@@ -96,7 +97,7 @@ class WorkerPool:
                     w.url,
                     "is terminating: no new requests" if spec.terminating else "takes requests again",
                 )
-            w.terminating, w.identity = spec.terminating, w.identity or spec.identity
+            w.terminating, w.identity, w.inbox = spec.terminating, w.identity or spec.identity, spec.inbox
             new.append(w)
         for w in old.values():
             self._emit("removed", w)

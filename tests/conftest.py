@@ -22,6 +22,7 @@ SHARING_ORDER = (
     "tests/connector/test_engines.py",
     "tests/proxy/test_handshakes_engine.py",
     "tests/proxy/test_placement_engines.py",
+    "tests/proxy/test_early_decode_engines.py",
     "tests/proxy/test_tokenizer_engine.py",
     "tests/connector/test_families.py",
 )

@@ -205,11 +205,11 @@ def pack_logs(logs: Path, out: Path) -> None:
     """Each log's interesting lines and its tail, in one small tar.gz."""
     keep = re.compile(r"block size|hybrid_pd|hybrid-pd|Nixl|NIXL|ERROR|Error|Traceback|WARNING|took|seconds|graph|"
                       r"compile|KV cache|Available|memory|healthy|skipped|decode-only|fallback|: load \d+ tokens|"
-                      r"checkpoint|placement|jit|autotun", re.I)
+                      r"checkpoint|placement|pd timing|jit|autotun", re.I)
     with tarfile.open(out, "w:gz") as tar:
         for path in sorted(logs.glob("*.log")):
             lines = path.read_text(errors="replace").splitlines()
-            # every turn's load and placement line of a run (a slow turn is read from them afterwards)
+            # every turn's load, placement and PD timing line of a run (a slow turn is read from them afterwards)
             picked = [ln for ln in lines[:-200] if keep.search(ln)][-5000:] + ["---- tail ----"] + lines[-200:]
             data = ("\n".join(picked) + "\n").encode()[-1_500_000:]
             info = tarfile.TarInfo(path.name)

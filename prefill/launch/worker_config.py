@@ -76,6 +76,12 @@ class WorkerConfig:
     kv_events_port: int = flag(
         ROLE_DEFAULTS["prefill"]["kv_events_port"], "ZMQ port where the worker publishes KV-cache events for the proxy"
     )
+    params_port: int = flag(
+        0,
+        "decode: the port of the connector's params inbox, where the proxy's --early-decode delivers the prefiller's "
+        "params for requests it sent early (advertised to the proxy as --decode-inbox tcp://HOST:PORT; 0: none, "
+        "early requests are computed here)",
+    )
     device: Literal["cpu", "gpu"] = flag(default_device, "the installed vLLM's kind", choices=("cpu", "gpu"))
     cpu_bind: str | None = flag(None, "cores for the CPU engine's threads ('0', '0-3'): VLLM_CPU_OMP_THREADS_BIND")
     kv_cache_gib: float = flag(1.0, "CPU KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE)")
@@ -181,6 +187,8 @@ class WorkerConfig:
             uses["--side-channel-port"] = list(
                 range(self.side_channel_port, self.side_channel_port + self.tensor_parallel_size)
             )
+        if self.params_port and self.role == "decode" and self.connector == "hybrid":
+            uses["--params-port"] = [self.params_port]
         return uses
 
     def _check_ports(self) -> list[str]:
@@ -307,6 +315,8 @@ class WorkerConfig:
             NIXL_PTHR_DELAY_US=str(self.nixl_progress_delay_us),
             UCX_RCACHE_MAX_UNRELEASED=env.get("UCX_RCACHE_MAX_UNRELEASED", "1024"),
         )
+        if self.params_port and self.role == "decode" and self.connector == "hybrid":
+            env["HYBRID_PD_PARAMS_PORT"] = str(self.params_port)
         if self.host.startswith("127.") or self.host == "localhost":
             env.setdefault("UCX_NET_DEVICES", "lo")  # keep UCX's TCP transport on loopback
         if "PYTHONHASHSEED" not in env and vllm_none_hash_is_random():

@@ -66,7 +66,7 @@ class ProxyConfig:
         check=lambda v: None if 0 <= v <= 65535 else "is not a TCP port",
     )
     prefill: tuple[WorkerSpec, ...] = ()  # composite.py: --prefill, --prefill-events
-    decode: tuple[WorkerSpec, ...] = ()  # composite.py: --decode, --decode-events
+    decode: tuple[WorkerSpec, ...] = ()  # composite.py: --decode, --decode-events, --decode-inbox
     discovery: Literal["static", "k8s"] = setting(
         "static",
         "discovery",
@@ -127,14 +127,15 @@ class ProxyConfig:
 
         def workers(role: str) -> tuple[WorkerSpec, ...]:
             urls, events = list(o.get(role) or []), list(o.get(f"{role}_events") or [])
-            if events and len(events) != len(urls):
-                raise ConfigError(
-                    [
-                        f"--{role}-events given {len(events)} times for {len(urls)} --{role} URLs: "
-                        "give one per URL, in the same order"
-                    ]
-                )
-            return tuple(WorkerSpec(str(u).rstrip("/"), events[i] if events else None) for i, u in enumerate(urls))
+            inboxes = list(o.get("decode_inbox") or []) if role == "decode" else []
+            for name, given in ((f"--{role}-events", events), ("--decode-inbox", inboxes)):
+                if given and len(given) != len(urls):
+                    many = f"{name} given {len(given)} times for {len(urls)} --{role} URLs"
+                    raise ConfigError([f"{many}: give one per URL, in the same order"])
+            return tuple(
+                WorkerSpec(str(u).rstrip("/"), events[i] if events else None, inboxes[i] if inboxes else None)
+                for i, u in enumerate(urls)
+            )
 
         # With KV events to read (named endpoints, or Kubernetes ports named kv-events), route by cache hit
         # first and load second; without them, by load alone.

@@ -31,6 +31,10 @@ def _events(value: str) -> str | None:
     return None if ok else "is not a ZMQ endpoint ([bind:|connect:]tcp://host:port)"
 
 
+def _inbox(value: str) -> str | None:
+    return None if value.startswith("tcp://") and ":" in value[6:] else "is not a ZMQ endpoint (tcp://host:port)"
+
+
 def _scorer(item: tuple[str, float]) -> str | None:
     from ..routing import SCORERS  # the registered plugins (late: they load with the routing package)
 
@@ -91,6 +95,17 @@ CONFIG_FILE = Composite(
         "config", 'JSON file of options (flat names, e.g. {"max_queue": 64}); the environment and flags override it'
     )
 )
-WORKERS = [*_workers("prefill"), *_workers("decode")]
+DECODE_INBOX = Composite(
+    Setting(
+        "decode_inbox",
+        "each decode worker's params inbox for --early-decode, same order as --decode: tcp://host:port (the "
+        "worker's --params-port)",
+        metavar="ZMQ",
+        many=True,
+        check=_inbox,
+    ),
+    lambda c: [w.inbox for w in c.decode if w.inbox is not None],
+)
+WORKERS = [*_workers("prefill"), *_workers("decode"), DECODE_INBOX]
 POLICIES = [*_policy("decode"), *_policy("prefill")]
 COMPOSITES = [CONFIG_FILE, *WORKERS, *POLICIES]

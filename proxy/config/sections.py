@@ -21,6 +21,7 @@ HashAlgo = Literal["sha256", "sha256_cbor"]
 class WorkerSpec:
     url: str  # http://host:port, no trailing slash
     events: str | None = None  # the worker's vLLM KV-event endpoint, [bind:|connect:]tcp://host:port
+    inbox: str | None = None  # a decoder's params inbox for early decode, tcp://host:port (its --params-port)
     identity: str | None = None  # its engine's identity where discovery knows one (a pod UID)
     terminating: bool = False  # going away but still serving: no new requests, nothing torn down
 
@@ -251,6 +252,15 @@ class DisaggConfig:
         "log_placement",
         "policy ours: log each turn's placement at INFO (every option's predicted TTFT, stall and cost, the choice) "
         "and, once the turn has ended, the TTFT it had, P's call against its price and the factor on P's call learned",
+        parse=boolean,
+    )
+    early_decode: bool = setting(
+        False,
+        "early_decode",
+        "a remote turn's decode request goes to the decoder together with the prefill request, not after P's "
+        "answer: the decoder admits and tokenizes it while P computes, and the proxy delivers P's params (or P's "
+        "failure: the decoder computes the prompt) to its params inbox (--decode-inbox); decoders without one are "
+        "served in turn as before",
         parse=boolean,
     )
     usage_breakdown: bool = setting(

@@ -148,6 +148,18 @@ def test_our_proxy_is_told_of_a_shared_gpu_only_where_p_and_d_share_one():
                                      "--decode-events", "tcp://127.0.0.1:7001"]
 
 
+def test_a_decoder_of_ours_gets_a_params_inbox_that_our_proxy_is_told_of(tmp_path: Path):
+    """So that a proxy variant with --early-decode (judged.sh's --proxy-variants) has an inbox to deliver to."""
+    d = launcher_argv(CpuBed("/m"), "decode", "hybrid", 9001, tmp_path / "d.ready")
+    assert "--params-port" not in launcher_argv(CpuBed("/m"), "decode", "upstream", 9002, tmp_path / "u.ready")
+    assert "--params-port" not in launcher_argv(CpuBed("/m"), "prefill", "hybrid", 9003, tmp_path / "p.ready")
+    decoder = SimpleNamespace(url="http://127.0.0.1:9001", argv=d)
+    prefiller = SimpleNamespace(url="http://127.0.0.1:9000", argv=["--kv-events-port", "7000"])
+    argv = proxy_argv(CpuBed("/m"), 8000, [prefiller], decoder, ("--early-decode",))
+    port = d[d.index("--params-port") + 1]
+    assert argv[argv.index("--decode-inbox") + 1] == f"tcp://127.0.0.1:{port}" and "--early-decode" in argv
+
+
 def test_restart_proxy_stops_the_last_and_starts_one_with_the_variants_flags(tmp_path: Path):
     """Real proxies (`hybrid-pd proxy`) in front of fake workers: the variant's proxy runs with the set-up's flags
     and the variant's, under a log of its own, and the one before is stopped; the same engines stay."""

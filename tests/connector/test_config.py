@@ -34,6 +34,9 @@ def test_extra_config_wins_over_the_environment():
     ({}, {"HYBRID_PD_KV_DIGESTS": "all"}, "HYBRID_PD_KV_DIGESTS='all'"),
     ({"kv_digests": 2}, {}, "kv_digests=2.0: must be a fraction 0-1"),
     ({}, {"HYBRID_PD_TEST_CORRUPT_KIND": "zero"}, "HYBRID_PD_TEST_CORRUPT_KIND='zero'"),
+    ({}, {"HYBRID_PD_PARAMS_PORT": "inbox"}, "HYBRID_PD_PARAMS_PORT='inbox'"),
+    ({"params_port": 70000}, {}, "params_port=70000"),
+    ({}, {"HYBRID_PD_AWAIT_TIMEOUT_S": "0"}, "await_timeout_s=0"),
 ])
 def test_a_bad_value_names_its_key(extra, env, named):
     with pytest.raises(ConfigurationError, match=named.replace("(", r"\(")):
@@ -47,3 +50,8 @@ def test_kv_digests_from_the_environment_or_the_extra_config():
     assert ConnectorConfig.from_sources({}, {}).test_corrupt_kind == "flip"
     zero = ConnectorConfig.from_sources({}, {"HYBRID_PD_TEST_CORRUPT_KIND": "zero-state"})
     assert zero.test_corrupt_kind == "zero-state"
+
+
+def test_the_params_inbox_and_its_wait_from_the_environment():
+    config = ConnectorConfig.from_sources({}, {"HYBRID_PD_PARAMS_PORT": "5620", "HYBRID_PD_AWAIT_TIMEOUT_S": "9"})
+    assert (config.params_port, config.await_timeout_s) == (5620, 9.0)

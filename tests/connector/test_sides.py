@@ -4,9 +4,10 @@ checkpoint store. The worker half is in test_worker_side.py."""
 import itertools
 from types import SimpleNamespace
 
-from hybrid_pd.connector.contract import PREFILL_STOP, STOP_BOUNDARY, STOP_LAST
+from hybrid_pd.connector.contract import AWAIT_PREFILL, AWAIT_S, PREFILL_STOP, STOP_BOUNDARY, STOP_LAST
 from hybrid_pd.connector.messages import (
     PROTOCOL_VERSION,
+    PrefillOutcome,
 )
 from hybrid_pd.connector.plan import GroupSpec, Run
 from hybrid_pd.connector.scheduler_side import SchedulerSide
@@ -221,3 +222,75 @@ def test_decoder_fails_a_request_whose_lists_do_not_fit():
 def test_bad_params_are_ignored_not_raised():
     d = SchedulerSide(engine_id="D", host="h", port=8, groups=GROUPS)
     assert d.get_num_new_matched_tokens(request(11, {"do_remote_prefill": True}), 0) == (0, False)
+
+
+class FakeInbox:
+    def __init__(self):
+        self.queue, self.waits = [], []
+
+    def drain(self, wait_s=0.0):
+        self.waits.append(wait_s)
+        out, self.queue = self.queue, []
+        return out
+
+
+def early(key: str = "k1", **over) -> dict:
+    return {AWAIT_PREFILL: key, AWAIT_S: 30, **over}
+
+
+def test_an_early_decode_waits_unscheduled_until_its_params_come_then_loads():
+    store, inbox, now = FakeStore(), FakeInbox(), [0.0]
+    d = SchedulerSide(engine_id="D", host="h", port=8, groups=GROUPS, checkpoints=store, inbox=inbox,
+                      clock=lambda: now[0])
+    req = request(11, early())
+    assert d.get_num_new_matched_tokens(req, 4) == (None, False)
+    d.build_meta(scheduled_tokens=0)
+    assert inbox.waits[-1] > 0  # nothing to compute: the step waits on the inbox
+    inbox.queue.append(PrefillOutcome("k1", remote_params()))
+    assert d.get_num_new_matched_tokens(req, 4) == (6, True)
+    assert AWAIT_PREFILL not in req.kv_transfer_params and req.kv_transfer_params["remote_engine_id"] == "P"
+    assert d.get_num_new_matched_tokens(req, 4) == (6, True)  # asked again: the same answer
+    d.update_state_after_alloc(req, ([9, 0, 12], [20, 21, 22]), num_external_tokens=6)
+    (job,) = d.build_meta().loads
+    assert job.plan.runs == (Run(0, 101, 50), Run(0, 12, 3), Run(1, 21, 6, 2))
+
+
+def test_an_early_decode_whose_prefill_failed_or_never_answered_computes_the_prompt():
+    inbox, now = FakeInbox(), [0.0]
+    d = SchedulerSide(engine_id="D", host="h", port=8, groups=GROUPS, inbox=inbox, await_timeout_s=50,
+                      clock=lambda: now[0])
+    failed, silent = request(11, early("k1"), "r1"), request(11, early("k2", **{AWAIT_S: 5}), "r2")
+    assert d.get_num_new_matched_tokens(failed, 0) == (None, False)
+    assert d.get_num_new_matched_tokens(silent, 0) == (None, False)
+    inbox.queue.append(PrefillOutcome("k1", None, "prefill_5xx"))
+    assert d.get_num_new_matched_tokens(failed, 0) == (0, False)
+    now[0] = 4.9
+    assert d.get_num_new_matched_tokens(silent, 0) == (None, False)
+    now[0] = 5.0  # the proxy's bound (5 s), under the decoder's own (50 s)
+    assert d.get_num_new_matched_tokens(silent, 0) == (0, False)
+    d.update_state_after_alloc(failed, ([1, 0, 2], [3, 4, 5]), num_external_tokens=0)
+    meta = d.build_meta(scheduled_tokens=11)
+    assert meta.loads == [] and meta.failed_waits == ["r1", "r2"] and inbox.waits[-1] == 0
+    # P's params, late for the request that gave up: P is told to free them
+    inbox.queue.append(PrefillOutcome("k2", remote_params(remote_request_id="p-late")))
+    (job,) = d.build_meta(scheduled_tokens=1).loads
+    assert job.plan is None and job.remote.remote_request_id == "p-late"
+
+
+def test_an_early_decode_aborted_while_it_waits_frees_p_when_p_answers():
+    inbox = FakeInbox()
+    d = SchedulerSide(engine_id="D", host="h", port=8, groups=GROUPS, inbox=inbox)
+    req = request(11, early())
+    assert d.get_num_new_matched_tokens(req, 0) == (None, False)
+    assert d.request_finished(req, ([], []), finished_ok=False) == (False, None)
+    assert d.build_meta().loads == []
+    inbox.queue.append(PrefillOutcome("k1", remote_params()))
+    (job,) = d.build_meta().loads
+    assert job.plan is None and job.reason
+
+
+def test_a_decoder_without_an_inbox_computes_early_requests_at_once():
+    d = SchedulerSide(engine_id="D", host="h", port=8, groups=GROUPS)
+    req = request(11, early())
+    assert d.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert d.build_meta().failed_waits == ["r1"]

@@ -282,3 +282,17 @@ def test_the_launchers_probe_finds_where_mamba_cache_mode_is_deprecated(release)
     text = (source(release).root / ARG_UTILS).read_text()
     assert "--mamba-cache-mode" in text
     assert vllm_ignores_mamba_cache_mode(text) == (not older_than(release, (0, 33)))
+
+
+def test_the_scheduler_skips_a_request_whose_external_hit_is_not_known_yet(release):
+    """Early decode (connector/awaiting.py): a request waiting for its prefiller's params answers
+    get_num_new_matched_tokens with None, which the scheduler must take as "not this step, ask again" (skip the
+    request and keep it waiting), not as a hit of 0 tokens."""
+    fn = methods(vllm_class(source(release), SCHEDULER, "Scheduler")).get("schedule")
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and "get_num_new_matched_tokens" in ast.unparse(n)
+             ] if fn else []
+    names = {ast.unparse(t.elts[0]) for c in calls for t in c.targets if isinstance(t, ast.Tuple)}
+    skips = [n for n in ast.walk(fn) if isinstance(n, ast.If) and ast.unparse(n.test) in {f"{v} is None" for v in names}
+             and any(isinstance(s, ast.Continue) for s in n.body)] if fn else []
+    assert names and skips, (f"vLLM {release}: {SCHEDULER} Scheduler.schedule no longer skips a request whose "
+                             "get_num_new_matched_tokens is None: early decode would compute every waiting prompt")

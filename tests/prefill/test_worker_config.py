@@ -106,6 +106,15 @@ def test_side_channel_range_spans_tensor_parallel_ranks(hybrid_model):
     make(hybrid_model, side_channel_port=5600, tensor_parallel_size=2, kv_events_port=5602)
 
 
+def test_a_decoders_params_port_reaches_its_connector_and_is_checked_like_the_others(hybrid_model):
+    decode = make(hybrid_model, role="decode", params_port=5620, side_channel_port=5610, kv_events_port=5710)
+    assert decode.env({})["HYBRID_PD_PARAMS_PORT"] == "5620"
+    assert "HYBRID_PD_PARAMS_PORT" not in make(hybrid_model, role="decode").env({})  # none unless asked for
+    assert "HYBRID_PD_PARAMS_PORT" not in make(hybrid_model, params_port=5620).env({})  # a prefiller takes none
+    msg = problems_of(hybrid_model, role="decode", params_port=5710, side_channel_port=5610, kv_events_port=5710)
+    assert "--params-port 5710 collides with --kv-events-port" in msg
+
+
 def test_port_already_bound_is_refused(hybrid_model):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

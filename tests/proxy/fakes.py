@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from hybrid_pd.connector.contract import AWAIT_PREFILL
 from hybrid_pd.proxy.app import RunningProxy, serve_in_background
 from hybrid_pd.proxy.config import ProxyConfig, WorkerSpec
 
@@ -50,6 +51,11 @@ class FakeWorker:
     url: str = ""
     running: int = 0  # generate requests being answered: what /metrics reports, as vLLM's num_requests_running
     kv_usage: float = 0.0
+    # early decode: a decoder's params inbox (connector/params_inbox.py); a request that carries a transfer key
+    # waits (5 s at most) for its outcome there before it answers, and `outcomes` keeps what arrived by key
+    inbox: Any = None
+    outcomes: dict[str, Any] = field(default_factory=dict)
+    _inbox_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _runner: web.AppRunner | None = None
 
     @property
@@ -107,6 +113,9 @@ class FakeWorker:
         self.received.set()
         self.running += 1
         try:
+            key = (body.get("kv_transfer_params") or {}).get(AWAIT_PREFILL)
+            if key is not None and self.inbox is not None:
+                await self._await_outcome(key)
             if self.hang:
                 await self.release.wait()
             if self.status >= 400:
@@ -124,6 +133,14 @@ class FakeWorker:
         finally:
             self.running -= 1
             self.finished.set()
+
+    async def _await_outcome(self, key: str) -> None:
+        deadline = asyncio.get_running_loop().time() + 5
+        while key not in self.outcomes and asyncio.get_running_loop().time() < deadline:
+            async with self._inbox_lock:  # one thread at a time on the ZMQ socket
+                if key not in self.outcomes:
+                    for outcome in await asyncio.to_thread(self.inbox.drain, 0.05):
+                        self.outcomes[outcome.key] = outcome
 
     def _prompt_tokens(self, body: dict[str, Any], chat: bool) -> int:
         if chat:
