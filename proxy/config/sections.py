@@ -324,6 +324,9 @@ class K8sConfig:
     decode_selector: str = setting("hybrid-pd/role=decode", "k8s_decode_selector", "label selector of decode Services")
     http_port_name: str = setting("http", "k8s_http_port_name", "Endpoints port name of the OpenAI API")
     events_port_name: str = setting("kv-events", "k8s_events_port_name", "Endpoints port name of the KV events")
+    inbox_port_name: str = setting(
+        "params-inbox", "k8s_inbox_port_name", "Endpoints port name of a decoder's params inbox (--early-decode)"
+    )
     token_file: str = setting(
         "/var/run/secrets/kubernetes.io/serviceaccount/token", "k8s_token_file", "service-account token file"
     )

@@ -4,11 +4,13 @@ One slice carries ports at its top and endpoints below them:
 
     {"metadata": {"name": "hybrid-pd-decode-x7k2p", "labels": {the Service's labels}},
      "addressType": "IPv4",
-     "ports": [{"name": "http", "port": 8200}, {"name": "kv-events", "port": 5710}],
+     "ports": [{"name": "http", "port": 8200}, {"name": "kv-events", "port": 5710},
+               {"name": "params-inbox", "port": 5720}],
      "endpoints": [{"addresses": ["10.0.0.7"], "targetRef": {"kind": "Pod", "uid": "..."},
                     "conditions": {"ready": true, "serving": true, "terminating": false}}]}
 
-An endpoint's OpenAI URL is http://<address>:<port named `http`>, its KV events tcp://<address>:<`kv-events`>.
+An endpoint's OpenAI URL is http://<address>:<port named `http`>, its KV events tcp://<address>:<`kv-events`>, a
+decoder's params inbox (--early-decode) tcp://<address>:<`params-inbox`> where its slice names one.
 Its conditions decide what the proxy does with it (nil `ready` and `serving` mean true, nil `terminating` false):
 
     ready, not terminating         -> a worker that takes new requests
@@ -29,11 +31,14 @@ from ..config.sections import WorkerSpec
 
 
 def slice_workers(
-    s: dict[str, Any], http_port_name: str = "http", events_port_name: str = "kv-events"
+    s: dict[str, Any],
+    http_port_name: str = "http",
+    events_port_name: str = "kv-events",
+    inbox_port_name: str = "params-inbox",
 ) -> list[WorkerSpec]:
     """The workers one EndpointSlice names (taking requests or terminating), in its order."""
     ports = {p.get("name"): p.get("port") for p in s.get("ports") or [] if isinstance(p, dict)}
-    http, events = ports.get(http_port_name), ports.get(events_port_name)
+    http, events, inbox = ports.get(http_port_name), ports.get(events_port_name), ports.get(inbox_port_name)
     if http is None and len(ports) == 1:
         http = next(iter(ports.values()))  # an unnamed single port
     if not isinstance(http, int):
@@ -53,6 +58,7 @@ def slice_workers(
                 WorkerSpec(
                     f"http://{host}:{http}",
                     f"tcp://{host}:{events}" if isinstance(events, int) else None,
+                    f"tcp://{host}:{inbox}" if isinstance(inbox, int) else None,
                     identity=identity,
                     terminating=state == "terminating",
                 )
@@ -69,13 +75,16 @@ def _state(conditions: dict[str, Any]) -> str | None:
 
 
 def merge(
-    slices: Iterable[dict[str, Any]], http_port_name: str = "http", events_port_name: str = "kv-events"
+    slices: Iterable[dict[str, Any]],
+    http_port_name: str = "http",
+    events_port_name: str = "kv-events",
+    inbox_port_name: str = "params-inbox",
 ) -> tuple[WorkerSpec, ...]:
     """All slices' workers, one per URL (one taking requests wins over a terminating copy, which a slice being
     rewritten may briefly hold), sorted by URL."""
     by_url: dict[str, WorkerSpec] = {}
     for s in slices:
-        for spec in slice_workers(s, http_port_name, events_port_name):
+        for spec in slice_workers(s, http_port_name, events_port_name, inbox_port_name):
             old = by_url.get(spec.url)
             if old is None or (old.terminating and not spec.terminating):
                 by_url[spec.url] = spec

@@ -47,7 +47,7 @@ class K8sDiscovery:
         self.path = f"/apis/discovery.k8s.io/v1/namespaces/{quote(cfg.namespace, safe='')}/endpointslices"
 
     def specs(self, slices: dict[str, dict[str, Any]]) -> tuple[WorkerSpec, ...]:
-        return merge(slices.values(), self.cfg.http_port_name, self.cfg.events_port_name)
+        return merge(slices.values(), self.cfg.http_port_name, self.cfg.events_port_name, self.cfg.inbox_port_name)
 
     async def workers(self, selector: str) -> list[WorkerSpec]:
         items, _ = await self.api.list(self.path, selector)

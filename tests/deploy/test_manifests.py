@@ -105,7 +105,7 @@ def test_policy_checks_refuse_worker_ports_open_beyond_the_release(rendered):
     workers["ingress"].append({"ports": [{"port": "http"}]})  # from anywhere
     problems = policy_problems(docs)
     assert any("must carry app.kubernetes.io/instance (other releases' pods match it)" in p for p in problems)
-    assert any("on http and kv-events" in p for p in problems)
+    assert any("only on http, kv-events and params-inbox" in p for p in problems)
     assert any("a rule without peers admits every pod" in p for p in problems)
 
 
@@ -176,6 +176,9 @@ def test_worker_arguments_are_accepted_by_the_launcher(rendered, monkeypatch):
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert (ports["http"], ports["nixl"], ports["kv-events"]) == (
             cfg.port, cfg.side_channel_port, cfg.kv_events_port)
+        # a decoder's params inbox (early decode): bound by its connector where the Service and the proxy look
+        assert ports.get("params-inbox") == (cfg.params_port if role == "decode" else None)
+        assert cfg.env({}).get("HYBRID_PD_PARAMS_PORT") == (str(cfg.params_port) if role == "decode" else None)
 
 
 GDN_MODELS = re.compile(r"(?i)qwen3[-.]?(next|5)")  # the hybrids with GDN linear attention

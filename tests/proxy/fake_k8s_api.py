@@ -35,10 +35,13 @@ def endpoint(ip: str, ready: bool = True, serving: bool | None = None, terminati
 
 
 def endpoint_slice(name: str, role: str, endpoints: list[dict[str, Any]], http: int = 8200,
-                   events: int | None = 5710, instance: str = "hybrid-pd") -> dict[str, Any]:
+                   events: int | None = 5710, instance: str = "hybrid-pd", inbox: int | None = None
+                   ) -> dict[str, Any]:
     ports = [{"name": "http", "port": http, "protocol": "TCP"}]
     if events is not None:
         ports.append({"name": "kv-events", "port": events, "protocol": "TCP"})
+    if inbox is not None:
+        ports.append({"name": "params-inbox", "port": inbox, "protocol": "TCP"})
     labels = {"hybrid-pd/role": role, "app.kubernetes.io/instance": instance,
               "kubernetes.io/service-name": f"hybrid-pd-{role}"}
     return {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1", "addressType": "IPv4",

@@ -30,7 +30,7 @@ def test_one_list_maps_conditions_ports_and_identities(tmp_path):
             endpoint("10.0.0.3", ready=False, serving=True, terminating=True),  # draining: kept, no new requests
             endpoint("10.0.0.4", ready=False, serving=False, terminating=True),  # gone
             endpoint("10.0.0.5", ready=False)]))  # not ready (a readiness blip): not a worker now
-        api.put(endpoint_slice("dec-b", "decode", [endpoint("fd00::5")], events=None))
+        api.put(endpoint_slice("dec-b", "decode", [endpoint("fd00::5")], events=None, inbox=5720))
         api.put(endpoint_slice("dec-other", "decode", [endpoint("10.9.9.9")], instance="team-b"))
         api.put(endpoint_slice("pre", "prefill", [endpoint("10.0.1.1")], http=8100, events=5700))
         token = tmp_path / "token"
@@ -44,7 +44,7 @@ def test_one_list_maps_conditions_ports_and_identities(tmp_path):
                     WorkerSpec("http://10.0.0.2:8200", "tcp://10.0.0.2:5710", identity="uid-10.0.0.2"),
                     WorkerSpec("http://10.0.0.3:8200", "tcp://10.0.0.3:5710", identity="uid-10.0.0.3",
                                terminating=True),
-                    WorkerSpec("http://[fd00::5]:8200", None, identity="uid-fd00::5")]
+                    WorkerSpec("http://[fd00::5]:8200", None, "tcp://[fd00::5]:5720", identity="uid-fd00::5")]
                 path, query = api.requests[0]
                 assert path == "/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices"
                 assert query == {"labelSelector": DECODE}

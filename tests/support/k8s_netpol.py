@@ -5,7 +5,7 @@ match: a selector that names a label no pod template carries protects nothing an
 every selector is evaluated against the overlay's pod templates, the way the API server would:
 
     hybrid-pd-workers  selects every worker template (prefill, decode), nothing else
-        ingress: this release's proxy       -> http, kv-events
+        ingress: this release's proxy       -> http, kv-events, params-inbox (decoders)
                  this release's workers     -> the NIXL side-channel ports and UCX's TCP port range
                  (metrics: the monitoring namespace -> http; multi-node TP: workers -> any port)
     hybrid-pd-proxy    selects every proxy template, nothing else; ingress: http, from anywhere
@@ -19,6 +19,7 @@ WORKER_ROLES = ("prefill", "decode")
 INSTANCE = "app.kubernetes.io/instance"
 ROLE = "hybrid-pd/role"
 MONITORING = {"kubernetes.io/metadata.name": "monitoring"}  # components/servicemonitor: where Prometheus runs
+PROXY_PORTS = ("http", "kv-events", "params-inbox")  # the worker ports the proxy dials (params-inbox: decoders)
 
 
 def matches(selector: dict, labels: dict) -> bool:
@@ -120,9 +121,9 @@ def worker_rule_problems(name: str, ingress: list[dict], pods: dict[str, dict], 
                 continue
             if chosen == proxies and proxies:
                 admitted["proxy"] |= ports
-                if ports != named.get("http", set()) | named.get("kv-events", set()):
+                if ports != set().union(*(named.get(port, set()) for port in PROXY_PORTS)):
                     problems.append(f"NetworkPolicy {name}: worker ports {sorted(ports)} must be open to this "
-                                    "release's proxy only on http and kv-events")
+                                    "release's proxy only on http, kv-events and params-inbox")
             elif chosen == workers and workers:
                 if not rule.get("ports") and not multinode:
                     problems.append(f"NetworkPolicy {name}: workers reach workers on every port (only the "
@@ -131,8 +132,9 @@ def worker_rule_problems(name: str, ingress: list[dict], pods: dict[str, dict], 
             else:
                 problems.append(f"NetworkPolicy {name}: peer selects {sorted(chosen) or 'no pods'}: worker ports "
                                 "must be open to this release's proxy only, and workers to each other")
-    if not named.get("http", set()) | named.get("kv-events", set()) <= admitted["proxy"]:
-        problems.append(f"NetworkPolicy {name}: the proxy cannot reach the workers' http and kv-events ports")
+    if not set().union(*(named.get(port, set()) for port in PROXY_PORTS)) <= admitted["proxy"]:
+        problems.append(f"NetworkPolicy {name}: the proxy cannot reach the workers' http, kv-events and "
+                        "params-inbox ports")
     side = named.get("nixl", set()) | ucx_port_range(docs)
     if not side <= admitted["workers"]:
         problems.append(f"NetworkPolicy {name}: workers cannot reach each other's side channel and UCX ports "
