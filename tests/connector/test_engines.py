@@ -82,7 +82,7 @@ def reference(engines):
     out["failed_load_hit"] = greedy_reference(ref, HIT_PROMPT)
     out["shipped"] = {"ids": ids, "first": first, "next": nxt, "next_cached": cached(answer),
                       "next_answer": decided_tokens(answer)}
-    out["controls"] = controls.references(ref, BS + 2)
+    out["controls"] = controls.both_tails(ref, BS + 2, BS)
     out["junction"] = junction_turns(ref)
     return out
 
@@ -366,19 +366,21 @@ def test_a_failed_read_on_the_pre_032_path_is_computed_on_the_decoder(engines, r
     dead_prefiller_read(engines, reference, "d_legacy")
 
 
-@pytest.mark.parametrize("control", controls.KINDS)
-def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(engines, reference, control):
-    """A turn served by D alone from a boundary whose shipped bytes were spoiled (tests/support/controls.py):
-    D's answer must move away from one engine's. From healthy bytes it stays within the tolerance. Placed last:
-    the decoder that zeroes what it reads starts once."""
+@pytest.mark.parametrize("control,tail", controls.CASES)
+def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(engines, reference, control, tail):
+    """A turn served by D alone from a boundary whose shipped bytes were spoiled (tests/support/controls.py), D
+    computing the last two prompt tokens or a long tail itself: D's answer must move away from one engine's. From
+    healthy bytes it stays within the tolerance. Placed last: the decoder that zeroes what it reads starts once."""
     decoder = "d_zero" if control == "zeroed state" else "d"
     urls = engines.up("p", decoder)
-    moved = controls.check(urls["p"], urls[decoder], controls.group_kinds(engines.logs["p"]), reference["controls"],
-                           control, BS)
+    moved = controls.check(urls["p"], urls[decoder], controls.group_kinds(engines.logs["p"]),
+                           reference["controls"][tail], control, BS)
     controls.report("qwen3_next", moved)
     if control == "healthy":
-        PARITY["qwen3_next: decoder-alone turn, control prompt"] = moved.top1_delta
+        PARITY[f"qwen3_next: decoder-alone turn, control prompt, {tail} tail"] = moved.top1_delta
         assert moved.same_greedy and moved.top1_delta <= tolerance(), moved
+    elif tail == "long":
+        controls.expect_long_tail_control("qwen3_next", moved)
     elif control == "attention wrong":
         controls.expect_attention_control("qwen3_next", moved)
     else:

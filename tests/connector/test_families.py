@@ -85,7 +85,7 @@ def family(request, engine_set):
     answer = complete(ref, nxt, ANSWER_TOKENS, logprobs=2)
     refs = {"pd": greedy_reference(ref, prompt), "fresh_ref": greedy_reference(ref, fresh),
             "failed": failed, "failed_ref": greedy_reference(ref, failed),
-            "controls": controls.references(ref, n)}
+            "controls": controls.both_tails(ref, n, block)}
     # this engine's own spread here (the GPU's differs from the CPU's): the PD prompt again, after its prefix hit
     again = complete(ref, prompt, len(refs["pd"].tokens), logprobs=2)
     note_noise_floor(f"{request.param}: one engine, the PD prompt again", logprob_delta(refs["pd"], again))
@@ -156,19 +156,22 @@ def test_a_failed_load_is_computed_on_the_decoder_and_answers_as_one_engine(fami
     assert_same_greedy(family["failed_ref"], d_resp, f"{family['name']}: failed-load fallback")
 
 
-@pytest.mark.parametrize("control", controls.KINDS)
-def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(family, control):
-    """A turn served by D alone from a boundary whose shipped bytes were spoiled (tests/support/controls.py):
-    D's answer must move away from one engine's. From healthy bytes it stays within the tolerance."""
+@pytest.mark.parametrize("control,tail", controls.CASES)
+def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(family, control, tail):
+    """A turn served by D alone from a boundary whose shipped bytes were spoiled (tests/support/controls.py), D
+    computing the last two prompt tokens or a long tail itself: D's answer must move away from one engine's. From
+    healthy bytes it stays within the tolerance."""
     decoder = "d_zero" if control == "zeroed state" else "d"
     urls = family["engines"].up("p", decoder)
     kinds = controls.group_kinds(family["engines"].logs["p"])
-    moved = controls.check(urls["p"], urls[decoder], kinds, family["controls"], control, family["block"])
+    moved = controls.check(urls["p"], urls[decoder], kinds, family["controls"][tail], control, family["block"])
     controls.report(family["name"], moved)
     if control == "healthy":
-        PARITY[f"{family['name']}: decoder-alone turn, control prompt"] = moved.top1_delta
+        PARITY[f"{family['name']}: decoder-alone turn, control prompt, {tail} tail"] = moved.top1_delta
         assert moved.same_greedy and moved.top1_delta <= tolerance(), moved
+    elif tail == "long":
+        controls.expect_long_tail_control(family["name"], moved)
     elif control == "attention wrong":
-        controls.expect_attention_control(family['name'], moved)
+        controls.expect_attention_control(family["name"], moved)
     else:
-        controls.expect_state_control(family['name'], moved)
+        controls.expect_state_control(family["name"], moved)

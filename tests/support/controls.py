@@ -11,9 +11,15 @@ bytes:
     state wrong         attention right, the state of another prompt
     attention wrong     state right, the last attention block before the boundary from another prompt
 
-Mixed parameters carry no digests: D checks none, as with digests off. D computes only the last two tokens
-itself, because the tiny models' next word is a function of the two before it (prefill/dev/tiny_model.py): a
-longer tail computed on D would hide what P sent.
+Mixed parameters carry no digests: D checks none, as with digests off. Two tails (prefill/dev/tiny_training.py):
+
+    short (2 tokens)     D computes only the last two tokens itself: the tiny models' next word depends on the
+                         third last, which only P's bytes carry
+    long (LONG_TAIL)     P computes the first block(s) of a longer prompt, D the LONG_TAIL tokens after them: only
+                         the key word of the first block decides the answer, and only the recurrent state at the
+                         boundary carries it past D's own tail (the tiny models never read the key through attention)
+
+Every prompt carries a key word in its first block, the other prompt another key.
 
 How far an answer moved, per generated position: the reference's greedy token, its log-probability in the
 reference minus its log-probability in the control's answer at the same position (from the control's top
@@ -28,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from hybrid_pd.prefill.dev.tiny_training import KEYS, keyed
 from tests.support.conversation import (
     ANSWER_TOKENS,
     Greedy,
@@ -57,10 +64,20 @@ ATTENTION_UNREAD = ("the tiny models do not read the third last word through att
 ZERO_STATE_RECOVERS = frozenset({"zamba2"})
 ZERO_STATE_FRESH = ("a zeroed state is a fresh start for a tiny model that reads two words back: it recovers after "
                     "the first position (2026-11-26-h100-families-vllm033)")
+# A state of short convolutions holds the last few inputs only: D rebuilds it from its own long tail, and the tiny
+# LFM2 reads the key through attention (prefill/dev/tiny_training.py). With a long tail a wrong state must not
+# move it: a strict expected failure, as above.
+SHORT_STATE = frozenset({"lfm2"})
+SHORT_STATE_REBUILT = "a short-convolution state is rebuilt by D's own long tail (docs/families.md, Negative controls)"
 KINDS = ("healthy", "other prompt", "state wrong", "attention wrong", "zeroed state")  # zeroed last: its own D
+LONG_KINDS = ("healthy", "other prompt", "state wrong", "zeroed state")
+LONG_TAIL = 150  # tokens D computes itself after the boundary in the long-tail controls
+# (control, tail) in the order the tests run them: the zeroed state's last, on its own decoder
+CASES = ([(k, "short") for k in KINDS[:-1]] + [(k, "long") for k in LONG_KINDS[:-1]]
+         + [("zeroed state", "short"), ("zeroed state", "long")])
 STATE_KINDS = ("other prompt", "state wrong", "zeroed state")  # the state D resumes from is wrong
 SALTS = {"healthy": (61, None), "zeroed state": (62, None), "other prompt": (63, 73), "state wrong": (64, 74),
-         "attention wrong": (65, 75)}  # (prompt, other prompt) per control
+         "attention wrong": (65, 75)}  # (prompt, other prompt) per control; the long tail's: these + 100
 # D's environment for the zeroed-state control: the test hook zeroes every Mamba block each READ lands
 ZERO_STATE_ENV = {"HYBRID_PD_KV_DIGESTS": "0", "HYBRID_PD_TEST_CORRUPT_READS": "1000000",
                   "HYBRID_PD_TEST_CORRUPT_KIND": "zero-state"}
@@ -68,18 +85,19 @@ ZERO_STATE_ENV = {"HYBRID_PD_KV_DIGESTS": "0", "HYBRID_PD_TEST_CORRUPT_READS": "
 
 @dataclass
 class Moved:
-    label: str
+    label: str  # the control (KINDS)
     top1_delta: float  # max |top-1 log-probability delta| over the reference's decided positions
     reference_token: list[float]  # per position: the reference token's log-probability lost in this answer
     cached: int  # tokens D served from the boundary
     same_greedy: bool  # D's greedy tokens are the reference's at every decided position
+    tail: int  # prompt tokens D computed itself after the boundary
 
     @property
     def over_one_nat(self) -> int:
         return sum(1 for d in self.reference_token if d > 1.0)
 
 
-Prompts = tuple[list[int], "list[int] | None", Greedy]
+Prompts = tuple[list[int], "list[int] | None", Greedy, int]  # D's prompt, P's other prompt, the answer, P's length
 
 
 def group_kinds(log: Path) -> list[str]:
@@ -89,15 +107,31 @@ def group_kinds(log: Path) -> list[str]:
     return [g.split()[0] for g in m[-1].split(", ")]
 
 
-def references(ref_url: str, n: int) -> dict[str, Prompts]:
-    """Per control: its prompt (`n` tokens), its other prompt, and one engine's answer to the prompt."""
+def both_tails(ref_url: str, n: int, block: int) -> dict[str, dict[str, Prompts]]:
+    """The references of the short-tail controls (prompts of `n` tokens) and of the long-tail ones, by tail."""
+    return {"short": references(ref_url, n), "long": references(ref_url, long_tail_boundary(block) + 2, LONG_TAIL)}
+
+
+def references(ref_url: str, n: int, tail: int = 2) -> dict[str, Prompts]:
+    """Per control: its prompt (`n` - 2 tokens, the boundary, then `tail` tokens) with a key word in its first block,
+    its other prompt (`n` tokens, another key), and one engine's answer to the prompt. P is sent the first `n`."""
     out = {}
     for control in SALTS:
-        salt, other_salt = SALTS[control]
-        ids = tokenize(ref_url, text_of(600, salt))[:n]
-        other = None if other_salt is None else tokenize(ref_url, text_of(600, other_salt))[:n]
-        out[control] = (ids, other, decided_tokens(complete(ref_url, ids, ANSWER_TOKENS, logprobs=2)))
+        salt, other_salt = (s if s is None or tail == 2 else s + 100 for s in SALTS[control])
+        ids = keyed_prompt(ref_url, salt, salt % len(KEYS) + 1)[: n - 2 + tail]
+        other = None if other_salt is None else keyed_prompt(ref_url, other_salt, (salt + 1) % len(KEYS) + 1)[:n]
+        out[control] = (ids, other, decided_tokens(complete(ref_url, ids, ANSWER_TOKENS, logprobs=2)), n)
     return out
+
+
+def long_tail_boundary(block: int) -> int:
+    """The boundary of the long-tail controls: the first block boundary at or past 256 tokens (the key words lie in
+    the first 128), so that the answer is ~400 tokens past the key, within the 512 the models trained at."""
+    return -(-256 // block) * block
+
+
+def keyed_prompt(url: str, salt: int, key: int) -> list[int]:
+    return tokenize(url, " ".join(keyed(text_of(900, salt).split(), key)))
 
 
 def mixed(params: dict, other: dict, kinds: list[str], control: str, last_block: int) -> dict:
@@ -114,23 +148,26 @@ def mixed(params: dict, other: dict, kinds: list[str], control: str, last_block:
 
 def check(p_url: str, d_url: str, kinds: list[str], refs: dict[str, Prompts], control: str, block: int) -> Moved:
     """PD turn with the control's spoiled bytes, then the turn again straight to D: how far D's answer moved."""
-    ids, other, ref = refs[control]
-    params = complete(p_url, ids, max_tokens=1, kv_transfer_params={"do_remote_decode": True})["kv_transfer_params"]
+    ids, other, ref, p_len = refs[control]
+    params = complete(p_url, ids[:p_len], max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    params = params["kv_transfer_params"]
     boundary = params["remote_num_tokens"]
-    assert boundary % block == 0 and boundary == len(ids) - 2, (boundary, len(ids), block)
+    assert boundary % block == 0 and boundary == p_len - 2, (boundary, p_len, block)
     if other is not None:
         other_params = complete(p_url, other, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
         assert other_params["kv_transfer_params"]["remote_num_tokens"] == boundary
         params = mixed(params, other_params["kv_transfer_params"], kinds, control, boundary // block - 1)
     before = d_metrics(d_url)
-    complete(d_url, ids, max_tokens=1, kv_transfer_params=params)
+    complete(d_url, ids[:p_len], max_tokens=1, kv_transfer_params=params)
     moved = delta(before, d_metrics(d_url))
     assert moved["hybrid_pd_bytes_transferred_count"] == 1 and moved["hybrid_pd_failed_transfers_total"] == 0, moved
     assert moved["prefix_cache_hits_total"] == 0, "D held part of this prompt already: it read less than planned"
     resp = complete(d_url, ids, ANSWER_TOKENS, logprobs=LOGPROBS)
     assert cached(resp) >= boundary, (control, cached(resp), boundary)  # the answer comes from that boundary
+    tail = len(ids) - cached(resp)
+    assert tail >= len(ids) - p_len + 1, (control, tail)  # D computed the tail past P's prompt itself
     same = resp["choices"][0]["logprobs"]["tokens"][: ref.decided] == ref.tokens[: ref.decided]
-    return Moved(control, logprob_delta(ref, resp), reference_token_moves(ref, resp), cached(resp), same)
+    return Moved(control, logprob_delta(ref, resp), reference_token_moves(ref, resp), cached(resp), same, tail)
 
 
 def reference_token_moves(ref: Greedy, resp: dict) -> list[float]:
@@ -146,8 +183,9 @@ MOVES: dict[tuple[str, str], Moved] = {}
 
 
 def report(family: str, moved: Moved) -> None:
-    MOVES[(family, moved.label)] = moved
-    print(f"\n{family}: {moved.label}: max |top-1 delta| {moved.top1_delta:.3f}; the reference token lost "
+    MOVES[(family, f"{moved.label}, D computed {moved.tail}")] = moved
+    print(f"\n{family}: {moved.label}, D computed {moved.tail}: max |top-1 delta| {moved.top1_delta:.3f}; the "
+          f"reference token lost "
           f"{[round(d, 2) for d in moved.reference_token]} nats; > 1 nat at {moved.over_one_nat} of "
           f"{len(moved.reference_token)} positions; D served {moved.cached} tokens from the boundary")
 
@@ -163,6 +201,20 @@ def expect_attention_control(family: str, moved: Moved) -> None:
     except AssertionError:
         pytest.xfail(ATTENTION_UNREAD)
     pytest.fail(f"{family}: a wrong attention block moved the answer, {moved}: add it to READS_ATTENTION")
+
+
+def expect_long_tail_control(family: str, moved: Moved) -> None:
+    """A control with D computing LONG_TAIL tokens itself: the other prompt's bytes must move the answer (its key);
+    so must a zeroed or foreign state, except for a family in SHORT_STATE, whose not moving is a strict expected
+    failure."""
+    if moved.label == "other prompt" or family not in SHORT_STATE:
+        assert_moved(moved)
+        return
+    try:
+        assert_moved(moved)
+    except AssertionError:
+        pytest.xfail(SHORT_STATE_REBUILT)
+    pytest.fail(f"{family}: a wrong state moved the answer past a long tail, {moved}: take it out of SHORT_STATE")
 
 
 def expect_state_control(family: str, moved: Moved) -> None:

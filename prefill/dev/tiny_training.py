@@ -1,0 +1,139 @@
+"""The tiny models' training: a seed-drawn corpus whose next word depends on the last word, the third last and a key
+word of the first block, and the brief training that makes every family's greedy outputs decided and state-bound.
+
+The rule. Next word = `perms[key][table[third last][last]]` (85%) or a random word (15%): `table` and the
+permutations are drawn from the seed; `key` is 0 (no key word: the identity) or which of KEYS the document opened
+with. A keyed document sprinkles its key word among its first words (DENSITY of the first 16-200 words) and never
+again, so a word generated hundreds of tokens later depends on a word that only what those first words left behind
+carries. Two look-backs, each tested by its own negative control (tests/support/controls.py):
+
+    third last word   in the last prompt tokens: read through the short convolutions (whose state D resumes from
+                      when it computes the last two prompt tokens itself) or attention
+    key word          in the first block: read through the recurrent state (GDN, Mamba) that crosses the boundary
+                      and every token after it, when D computes a long tail itself
+
+Where a recurrent state can carry the key (a family with Mamba or GDN heads: a parameter `A_log`), training hides the
+key words, and the conv-kernel-1 tokens after each (whose convolution saw them), from attention, and half the heads
+start with a slow decay (A = 1e-3: a memory of ~1000 tokens, as long-context checkpoints have; the default
+initialisation forgets within a few tokens and does not learn to remember within the budget): the model must carry
+the key through its state, since its attention never saw the key. At inference attention reads every token, and the
+key words' blocks go on to shape the state only through what the state kept. A family without such a state (LFM2:
+short convolutions) reads the key through attention.
+
+Trained without the mask, the model read the key through attention: a zeroed or foreign state moved the answers
+of a long tail by < 0.2 nats (transformers, 4 prompts, docs/families.md). The curriculum: CURRICULUM short documents
+(the table), then long ones (the key at hundreds of tokens).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+WORDS = (
+    "the quick brown fox jumps over the lazy dog prefix cache mamba state attention block token decode "
+    "prefill engine server request model hello world one two three four five six seven eight nine ten "
+    "user assistant system you are a helpful agent tool call result turn conversation"
+).split()
+KEYS = ("red", "green", "blue")  # key words: each a token of the tokenizer, none of them in WORDS
+DENSITY = 0.25  # of a keyed document's first words, how many are its key word
+SLOW_DECAY = 1e-3  # A of the long-memory heads (decay per token exp(-A * dt))
+SHORT, LONG = (8, 128), (4, 512)  # (batch, tokens) of the short and the long documents
+CURRICULUM = 100  # steps on short documents before the long ones
+
+
+class Corpus:
+    """Word sequences following the rule above, drawn from `seed`."""
+
+    NOISE = 0.15
+
+    def __init__(self, seed: int):
+        self.words = sorted(set(WORDS))
+        self.rng = random.Random(f"corpus-{seed}")
+        n = len(self.words)
+        self.table = [[self.rng.randrange(n) for _ in range(n)] for _ in range(n)]
+        self.perms = [list(range(n))]
+        for _ in KEYS:
+            perm = list(range(n))
+            self.rng.shuffle(perm)
+            self.perms.append(perm)
+
+    def document(self, n_words: int) -> str:
+        n, rng = len(self.words), self.rng
+        key = rng.randrange(len(KEYS) + 1)
+        keyed = rng.randrange(16, max(17, min(200, n_words // 2)))  # the first words, where the key word shows
+        out = [rng.randrange(n) for _ in range(3)]
+        text = [self.words[i] for i in out]
+        while len(out) < n_words:
+            if key and len(text) < keyed and rng.random() < DENSITY:
+                text.append(KEYS[key - 1])  # not a word of the rule: the third last word skips it
+                continue
+            out.append(rng.randrange(n) if rng.random() < self.NOISE else self.perms[key][self.table[out[-3]][out[-1]]])
+            text.append(self.words[out[-1]])
+        return " " + " ".join(text)
+
+
+def keyed(words: list[str], key: int) -> list[str]:
+    """`words` with KEYS[key - 1] before every fourth of its first 100 (key 0: unchanged): a prompt whose answer
+    follows that key's rule, the key within its first 128 tokens."""
+    if not key:
+        return list(words)
+    out: list[str] = []
+    for i, word in enumerate(words):
+        if i < 100 and i % 4 == 2:
+            out.append(KEYS[key - 1])
+        out.append(word)
+    return out
+
+
+def long_memory(model: torch.nn.Module) -> bool:
+    """Give half the heads of every recurrent layer a slow decay; False where the model has none (no `A_log`)."""
+    found = False
+    for name, param in model.named_parameters():
+        if name.endswith("A_log"):
+            param.data[: max(1, param.shape[0] // 2)] = math.log(SLOW_DECAY)
+            found = True
+    return found
+
+
+def hide_keys(ids: torch.Tensor, key_ids: torch.Tensor, conv_kernel: int = 4) -> torch.Tensor:
+    """A causal attention mask (batch, 1, n, n; True = may attend) that hides every key token and the conv_kernel-1
+    tokens after it from every later query (each still attends to itself)."""
+    import torch
+    import torch.nn.functional as F
+
+    hidden = torch.isin(ids, key_ids).float()[:, None]
+    hidden = F.max_pool1d(F.pad(hidden, (conv_kernel - 1, 0)), conv_kernel, 1)[:, 0] > 0
+    n = ids.shape[1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
+    itself = torch.eye(n, dtype=torch.bool, device=ids.device)
+    return (causal[None] & (~hidden[:, None, :] | itself[None]))[:, None]
+
+
+def train(model: torch.nn.Module, tok: PreTrainedTokenizerBase, seed: int, steps: int) -> None:
+    """`steps` of next-token training on `Corpus(seed)`, the first CURRICULUM on short documents."""
+    import torch
+
+    corpus = Corpus(seed)
+    stateful = long_memory(model)
+    pieces = [tok(" " + k, add_special_tokens=False)["input_ids"] for k in KEYS]
+    assert all(len(p) == 1 for p in pieces), f"a key word is not one token: {pieces}"  # hide_keys needs one each
+    key_ids = torch.tensor([p[0] for p in pieces])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    device = next(model.parameters()).device
+    model.train()
+    for step in range(steps):
+        batch, seq = SHORT if step < min(CURRICULUM, steps // 2) else LONG
+        rows = [tok(corpus.document(seq), add_special_tokens=False)["input_ids"][:seq] for _ in range(batch)]
+        width = min(map(len, rows))
+        ids = torch.tensor([r[:width] for r in rows], device=device)
+        mask = hide_keys(ids, key_ids.to(device)) if stateful else None
+        model(input_ids=ids, labels=ids, attention_mask=mask).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    model.eval()
