@@ -16,9 +16,9 @@ def digest(folder):
 
 def test_same_seed_same_bytes_other_seed_other_weights(tmp_path, tiny_model):
     """The whole build (tokenizer, initial weights, training, saving) twice from one seed gives the same bytes, and
-    from another seed other weights with the same tokenizer. A few training steps (short and long documents) tell as well
-    as the 350 the engines' models take (minutes each, paid once per machine: the cache), and the tokenizer is the
-    cached one's."""
+    from another seed other weights with the same tokenizer. A few training steps (short and long documents) tell as
+    well as the 350 the engines' models take (minutes each, paid once per machine: the cache), and the tokenizer is
+    the cached one's."""
     spec = TinyModelSpec(seed=0, train_steps=5)
     first, again = (digest(build_tiny_model(spec, out=tmp_path / name)) for name in ("first", "again"))
     assert first == again

@@ -1,0 +1,54 @@
+"""The tiny models' corpus and training aids: the rule, the key words' place, the attention mask, the slow heads."""
+
+import math
+
+import torch
+
+from hybrid_pd.prefill.dev.tiny_training import DENSITY, KEYS, WORDS, Corpus, hide_keys, keyed, long_memory
+
+
+def test_the_corpus_follows_its_rule_with_the_key_of_its_first_words():
+    corpus = Corpus(seed=0)
+    index = {w: i for i, w in enumerate(corpus.words)}
+    keys_seen, followed, total = set(), 0, 0
+    for _ in range(40):
+        text = corpus.document(400).split()
+        keys = [i for i, w in enumerate(text) if w in KEYS]
+        assert not keys or (len({text[i] for i in keys}) == 1 and keys[-1] < 200)  # one key, among the first words
+        key = KEYS.index(text[keys[0]]) + 1 if keys else 0
+        keys_seen.add(key)
+        words = [index[w] for w in text if w not in KEYS]
+        for i in range(3, len(words)):
+            total += 1
+            followed += words[i] == corpus.perms[key][corpus.table[words[i - 3]][words[i - 1]]]
+    assert keys_seen == {0, 1, 2, 3}
+    assert 0.82 < followed / total < 0.9  # 85% by the rule, 15% noise (which hits the rule's word now and then)
+    assert all(sorted(p) == list(range(len(corpus.words))) for p in corpus.perms) and set(KEYS).isdisjoint(WORDS)
+
+
+def test_keyed_puts_the_key_among_the_first_hundred_words_only():
+    words = [f"w{i}" for i in range(300)]
+    out = keyed(words, 2)
+    assert [w for w in out if w not in KEYS] == words
+    positions = [i for i, w in enumerate(out) if w == KEYS[1]]
+    assert len(positions) == 100 * DENSITY and positions[-1] < 125
+    assert keyed(words, 0) == words
+
+
+def test_hide_keys_hides_each_key_token_and_the_three_after_it_from_later_queries():
+    ids = torch.tensor([[5, 9, 5, 5, 5, 5, 5, 9]])  # 9 is a key token
+    mask = hide_keys(ids, torch.tensor([9]))[0, 0]
+    assert mask.shape == (8, 8) and not mask.triu(1).any()  # causal
+    assert mask.diagonal().all()  # every query attends to itself
+    assert mask[6].tolist() == [True, False, False, False, False, True, True, False]  # 1-4 hidden, 0 and 5 read
+    assert mask[7, :7].tolist() == mask[6, :7].tolist() and mask[7, 7]
+
+
+def test_long_memory_slows_half_the_heads_of_each_recurrent_layer():
+    model = torch.nn.Module()
+    model.mixer = torch.nn.Module()
+    model.mixer.A_log = torch.nn.Parameter(torch.zeros(4))
+    model.mixer.proj = torch.nn.Linear(2, 2)
+    assert long_memory(model)
+    assert torch.allclose(model.mixer.A_log, torch.tensor([math.log(1e-3)] * 2 + [0.0, 0.0]))
+    assert not long_memory(torch.nn.Linear(2, 2))
