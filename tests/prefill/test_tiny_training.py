@@ -24,6 +24,8 @@ def test_the_corpus_follows_its_rule_with_the_key_of_its_first_words():
     assert keys_seen == {0, 1, 2, 3}
     assert 0.82 < followed / total < 0.9  # 85% by the rule, 15% noise (which hits the rule's word now and then)
     assert all(sorted(p) == list(range(len(corpus.words))) for p in corpus.perms) and set(KEYS).isdisjoint(WORDS)
+    unkeyed = Corpus(seed=0, keyed=False)  # a model without a long state (LFM2) trains on these
+    assert not any(w in KEYS for _ in range(20) for w in unkeyed.document(300).split())
 
 
 def test_keyed_puts_the_key_among_the_first_hundred_words_only():
