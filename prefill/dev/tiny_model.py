@@ -36,7 +36,7 @@ from pathlib import Path
 from hybrid_pd.prefill.dev.tiny_training import KEYS, WORDS, train
 
 CACHE_ROOT = Path(os.environ.get("HYBRID_PD_CACHE", Path.home() / ".cache" / "hybrid-pd"))
-BUILD_VERSION = 8  # bump when the builder's output changes for the same spec
+BUILD_VERSION = 9  # bump when the builder's output changes for the same spec
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
