@@ -282,10 +282,12 @@ def d_queue_ms(rates: Rates, d: WorkerView) -> float:
 
 
 def decoder_tail_ms(rates: Rates, n: int, tokens: int, steps: int | None = None) -> float:
-    """D's time for the last `tokens` of an `n`-token prompt after a pull: one token rides in D's decode step (its
-    per-token cost); more are a prefill of their own, in mixed steps that each running stream waits for."""
+    """D's time for the last `tokens` of an `n`-token prompt (after a pull, or alone): one token rides in D's decode
+    step (its per-token cost over its context, no step of its own); more are a prefill of their own, in mixed steps
+    that each running stream waits for. One function for both options, so that a larger hit on D never makes the
+    pulled option cheaper than D alone (tests/proxy/test_placement.py)."""
     if tokens <= 1:
-        return max(tokens, 0) * rates.prefill_ms_per_token
+        return rates.prefill_ms(tokens, n - tokens, steps=0)
     return rates.prefill_ms(tokens, n - tokens, steps)
 
 
@@ -309,12 +311,12 @@ def _local(
     hit = min(max(d.hit, 0), n - 1)
     u = n - hit
     steps = local_steps(n, hit, aligned_block, rates.chunk_tokens)
-    prefill = rates.prefill_ms(u, hit, steps)
+    prefill = decoder_tail_ms(rates, n, u, steps)
     wait = d_queue_ms(rates, d)
     ttft = wait + prefill + steps * rates.step_ms_per_seq * k  # D's streams decode in each of those steps
     # the costliest step is a full chunk at the prompt's end (the most context): an upper bound on any gap
     last = min(u, rates.chunk_tokens)
-    gap = rates.step(k + 1) + rates.prefill_ms(last, n - last, 1)
+    gap = rates.step(k + 1) + decoder_tail_ms(rates, n, last, steps=1)
     meets = k <= 0 or slo <= 0 or gap <= slo
     return Option(None, ttft, prefill, gap, ttft + k * prefill + next_ms, meets, 0, u, 0.0, next_turn_ms=next_ms)
 
