@@ -200,12 +200,9 @@ def expect_attention_control(family: str, moved: Moved) -> None:
     attention (READS_ATTENTION); for the others an expected failure, strictly: moving fails the test."""
     if family in READS_ATTENTION:
         assert_moved(moved)
-        return
-    try:
-        assert_moved(moved)
-    except AssertionError:
-        pytest.xfail(ATTENTION_UNREAD)
-    pytest.fail(f"{family}: a wrong attention block moved the answer, {moved}: add it to READS_ATTENTION")
+    else:
+        _strict_xfail(moved, ATTENTION_UNREAD, f"{family}: a wrong attention block moved the answer, {moved}: add it "
+                      "to READS_ATTENTION")
 
 
 def expect_long_tail_control(family: str, moved: Moved) -> None:
@@ -213,12 +210,9 @@ def expect_long_tail_control(family: str, moved: Moved) -> None:
     for a family in SHORT_STATE, whose not moving is a strict expected failure."""
     if family not in SHORT_STATE:
         assert_moved(moved)
-        return
-    try:
-        assert_moved(moved)
-    except AssertionError:
-        pytest.xfail(SHORT_STATE_REBUILT)
-    pytest.fail(f"{family}: wrong bytes moved the answer past a long tail, {moved}: take it out of SHORT_STATE")
+    else:
+        _strict_xfail(moved, SHORT_STATE_REBUILT, f"{family}: wrong bytes moved the answer past a long tail, {moved}: "
+                      "take it out of SHORT_STATE")
 
 
 def expect_state_control(family: str, moved: Moved) -> None:
@@ -229,11 +223,18 @@ def expect_state_control(family: str, moved: Moved) -> None:
         assert_moved(moved)
         return
     assert max(map(abs, moved.reference_token)) > tolerance(), f"{moved.label}: the answer did not move: {moved}"
+    _strict_xfail(moved, ZERO_STATE_FRESH, f"{family}: a zeroed state moved most positions, {moved}: take it out of "
+                  "ZERO_STATE_RECOVERS")
+
+
+def _strict_xfail(moved: Moved, why: str, surprise: str) -> None:
+    """A control expected not to move the answer (assert_moved fails: an expected failure, `why`); moving fails the
+    test with `surprise`, so that the day the expectation goes stale, someone updates it."""
     try:
         assert_moved(moved)
     except AssertionError:
-        pytest.xfail(ZERO_STATE_FRESH)
-    pytest.fail(f"{family}: a zeroed state moved most positions, {moved}: take it out of ZERO_STATE_RECOVERS")
+        pytest.xfail(why)
+    pytest.fail(surprise)
 
 
 def assert_moved(moved: Moved) -> None:
