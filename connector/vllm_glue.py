@@ -25,12 +25,13 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
 from hybrid_pd.connector.config import ConnectorConfig
 from hybrid_pd.connector.errors import ConfigurationError
-from hybrid_pd.connector.kv_digest import ALGORITHM, digest_blocks, flip_first_word
-from hybrid_pd.connector.messages import PROTOCOL_VERSION, GroupDigests, Handshake, Region, encode
+from hybrid_pd.connector.kv_digest import ALGORITHM
+from hybrid_pd.connector.messages import PROTOCOL_VERSION, GroupDigests, Handshake, encode
 from hybrid_pd.connector.plan import GroupSpec
 from hybrid_pd.connector.scheduler_side import SchedulerSide
 from hybrid_pd.connector.step import StepMeta
 from hybrid_pd.connector.vllm_checkpoints import BlockPoolCheckpoints
+from hybrid_pd.connector.vllm_kv_caches import kv_cache_layout
 from hybrid_pd.connector.vllm_request import truncate_prompt
 from hybrid_pd.connector.worker_side import WorkerSide
 
@@ -224,42 +225,15 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
         except Exception:  # noqa: BLE001  no TP group (single process)
             tp_rank, tp_size = 0, 1
-        group_of = {name: i for i, g in enumerate(self._kv_cache_config.kv_cache_groups) for name in g.layer_names}
-        regions, ranges, mem_type = [], {}, "DRAM"
-        by_group: dict[int, list[Any]] = {}
-        for layer in sorted(kv_caches):
-            if layer not in group_of:
-                continue
-            tensors = kv_caches[layer] if isinstance(kv_caches[layer], (list, tuple)) else [kv_caches[layer]]
-            for k, t in enumerate(tensors):
-                if not block_is_dense(t):
-                    raise ConfigurationError(
-                        f"layer {layer}: one block is not contiguous in memory "
-                        f"(shape {tuple(t.shape)}, strides {t.stride()})"
-                    )
-                name = layer if len(tensors) == 1 else f"{layer}#{k}"
-                regions.append(
-                    Region(
-                        name,
-                        group_of[layer],
-                        t.data_ptr(),
-                        t.stride(0) * t.element_size(),
-                        t[0].numel() * t.element_size(),
-                        t.shape[0],
-                    )
-                )
-                by_group.setdefault(group_of[layer], []).append(t)
-                storage = t.untyped_storage()
-                ranges[storage.data_ptr()] = storage.nbytes()
-                mem_type = "DRAM" if t.device.type == "cpu" else "VRAM"
+        layout = kv_cache_layout(kv_caches, self._kv_cache_config.kv_cache_groups)
         transport = NixlTransport(
             f"{self.engine_id}-{tp_rank}",
-            mem_type=mem_type,
+            mem_type=layout.mem_type,
             backend=self.nixl_backend,
             progress_thread=self.config.progress_thread,
             delay_us=self.config.nixl_delay_us,
         )
-        transport.register(sorted(ranges.items()))
+        transport.register(sorted(layout.ranges.items()))
         local = Handshake(
             PROTOCOL_VERSION,
             self.engine_id,
@@ -268,42 +242,28 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             transport.metadata(),
             [g.kind for g in self.groups],
             [g.block_size for g in self.groups],
-            regions,
-            mem_type,
+            layout.regions,
+            layout.mem_type,
             tp_size,
         )
-
-        def clear_blocks(runs) -> None:
-            for run in runs:
-                for t in by_group.get(run.group, ()):
-                    t[run.local_start : run.local_start + run.count].zero_()
-
-        def corrupt_blocks(runs) -> None:  # the test hooks HYBRID_PD_TEST_CORRUPT_READS and _KIND
-            for run in runs:
-                if self.config.test_corrupt_kind == "flip":
-                    flip_first_word(by_group[run.group], run.local_start)
-                elif self.groups[run.group].kind == "mamba":  # zero-state: the state D resumes from is all zeros
-                    for t in by_group[run.group]:
-                        t[run.local_start : run.local_start + run.count].zero_()
-
         self.worker = WorkerSide(
             transport,
             local,
             read_timeout_s=self.read_timeout_s,
             idle_wait_s=self.config.idle_wait_ms / 1000,
-            clear_blocks=clear_blocks,
-            digest=(lambda g, ids: digest_blocks(by_group.get(g, ()), ids)) if self.config.kv_digests > 0 else None,
+            clear_blocks=layout.clear_blocks,
+            digest=layout.digest if self.config.kv_digests > 0 else None,
             algorithm=ALGORITHM,
             verify_fraction=self.config.kv_digests,
             corrupt_reads=self.config.test_corrupt_reads,
-            corrupt_blocks=corrupt_blocks,
+            corrupt_blocks=layout.corrupter(self.config.test_corrupt_kind, [g.kind for g in self.groups]),
         )
         server = self._server = SideChannelServer(self.host, self.port + tp_rank, encode(local))
         log.info(
             "hybrid-pd worker %s: %d regions in %d ranges, side channel %s",
             transport.name,
-            len(regions),
-            len(ranges),
+            len(layout.regions),
+            len(layout.ranges),
             server.address,
         )
 
@@ -397,16 +357,3 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         if self.worker is not None:
             self.worker.close()
             self.worker.transport.close()
-
-
-def block_is_dense(t) -> bool:
-    """One block (t[i]) fills one contiguous byte range, whatever the order of its inner dimensions: vLLM's
-    GPU attention cache is (blocks, 2, block_size, heads*dim) with K/V interleaved per token (strides
-    (20480, 128, 256, 1) on vLLM 0.26), which is not `is_contiguous()` yet moves as one range per block."""
-    dims = sorted((t.stride(d), t.shape[d]) for d in range(1, t.dim()) if t.shape[d] != 1)
-    expected = 1
-    for stride, size in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return t.dim() == 1 or t.stride(0) >= expected

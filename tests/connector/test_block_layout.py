@@ -2,7 +2,7 @@
 
 import torch
 
-from hybrid_pd.connector.vllm_glue import block_is_dense
+from hybrid_pd.connector.vllm_kv_caches import block_is_dense
 
 
 def test_dense_blocks_in_any_inner_order_are_accepted():
