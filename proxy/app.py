@@ -192,4 +192,4 @@ async def serve_in_background(config: ProxyConfig) -> AsyncIterator[RunningProxy
             await server.stop(grace_s=0.0 if server.draining else 1.0)
         await background.stop()
         await state.upstream.close()
-        app.flow.outbox.close()
+        app.flow.early.close()

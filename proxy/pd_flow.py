@@ -8,10 +8,8 @@
          -> P's kv_transfer_params. P's one sampled token is dropped: D samples the first token itself.
          5xx, timeout, unreachable, or no kv_transfer_params -> decode-only fallback; 4xx -> to the client
     5. D: the original body + P's kv_transfer_params; its answer (JSON or SSE) is relayed, cached_tokens fixed
-   With --early-decode, 4 and 5 start together where D has a params inbox: D gets the body with a transfer key
-   (contract.AWAIT_PREFILL) at once, admits and tokenizes it while P computes, and P's params, or P's failure (then
-   D computes the prompt itself: the fallback), reach D's inbox as soon as P answers (params_outbox.py). P's 4xx
-   does not reach the client then: D, validating the same body, answers for itself.
+   With --early-decode, 4 and 5 start together where D has a params inbox (early_decode.py): D gets the body with a
+   transfer key at once, admits and tokenizes it while P computes, and P's outcome reaches D's inbox as P answers.
 
 Everything one request carries between the steps is a `Turn` (turn.py). A client that leaves during step 4 leaves
 P's call behind (an option of the upstream call): P's answer is read off its connection (or dropped at P's own
@@ -28,15 +26,15 @@ import os
 import time
 from typing import Any
 
-from hybrid_pd.connector.contract import AWAIT_PREFILL, AWAIT_S, DECODER_KNOWS, PREFILL_STOP
+from hybrid_pd.connector.contract import DECODER_KNOWS, PREFILL_STOP
 
+from .early_decode import EarlyDecode
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .handshakes import HandshakeMemo
 from .http.request import Request
 from .kv.groups import aligned_block
 from .metrics import FlowRecorder
 from .openai_api import OpenAIRequest
-from .params_outbox import ParamsOutbox
 from .placement.cost_model import remote_tail
 from .placement.decider import Decider
 from .placement.disagg import is_remote
@@ -55,9 +53,6 @@ FORWARDED_HEADERS = ("authorization",)
 _ID_PREFIX = f"pd-{os.urandom(8).hex()}-"
 _ids = itertools.count(1)
 
-# --early-decode: D waits for P's outcome this much longer than the proxy waits for P (the delivery's own way)
-EARLY_WAIT_MARGIN_S = 5.0
-
 # Prompts longer than this are tokenized in a thread (a 9k-token prompt takes milliseconds that other requests'
 # streams would wait for on the event loop); shorter ones cost less inline than the thread's hand-over.
 INLINE_TOKENIZE_CHARS = 8192
@@ -72,7 +67,7 @@ class PDFlow:
         self.record = FlowRecorder(state.metrics)
         self.handshakes = HandshakeMemo()
         self.decider = Decider(state, self.record)
-        self.outbox = ParamsOutbox()  # --early-decode: P's outcomes to the decoders' params inboxes
+        self.early = EarlyDecode(self, self.handshakes, self.config.timeouts.prefill_s)  # --early-decode
         # The serving loop, bound at the first request; passed down rather than asked for (on Python 3.11 each
         # asyncio.get_running_loop() is a getpid system call: ten of them were 4% of the CPU per request).
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -101,64 +96,23 @@ class PDFlow:
         decision = self.decider.decide(turn, decoder)
         self.record.decision(decision)
         if is_remote(decision) and self.config.disagg.early_decode and decoder.inbox:
-            await self._serve_early(turn, decoder, decision)
+            await self.early.serve(turn, decoder, loop)
+            self.decider.misroute(turn, decoder, decision)
         else:
             if is_remote(decision):
-                await self._prefill_step(turn, decoder)
+                await self.prefill_step(turn, decoder)
             self.decider.misroute(turn, decoder, decision)
-            await self._decode(turn, decoder)
+            await self.decode(turn, decoder)
         self.record.latency(body.endpoint, time.perf_counter() - started)
         self._log_pd_timing(turn)
         self.decider.learn(turn)
 
-    async def _prefill_step(self, turn: Turn, decoder: Worker) -> None:
+    async def prefill_step(self, turn: Turn, decoder: Worker) -> None:
         await self._prefill(turn)
         turn.prefill_answered = time.perf_counter()
         self.decider.learn_prefiller_call(turn)
         if turn.transfer_params is not None:
             turn.decoder_hit = turn.context.hits.get(decoder.url)
-
-    async def _serve_early(self, turn: Turn, decoder: Worker, decision: str) -> None:
-        """--early-decode: P's call and D's request at once. D waits, admitted, for what P's call delivers to its
-        params inbox under a key of the turn's; D's answer is the client's, whatever P did (exactly one answer)."""
-        assert self.loop is not None
-        key = f"{_ID_PREFIX}early-{next(_ids)}"  # not the request id: a client may send one id twice at once
-        bound = min(self.config.timeouts.prefill_s, self._time_left(turn)) + EARLY_WAIT_MARGIN_S
-        turn.early = {AWAIT_PREFILL: key, AWAIT_S: round(bound, 3)}
-        turn.mode = REMOTE_PREFILL
-        task = turn.prefill_task = self.loop.create_task(self._prefill_and_deliver(turn, decoder, key))
-        try:
-            await self._decode(turn, decoder)
-            await task  # done already unless D answered without it (an error); bounded by P's timeout
-        finally:
-            if not task.done():  # the client left, or the deadline passed: P's call is left behind (its lease frees)
-                task.cancel()
-        self.decider.misroute(turn, decoder, decision)
-
-    async def _prefill_and_deliver(self, turn: Turn, decoder: Worker, key: str) -> None:
-        """P's call, then its outcome to D's params inbox: P's params (P's handshakes left out where D has them), or
-        the reason D computes the prompt itself. Nothing raises out of here: D waits for the delivery."""
-        assert decoder.inbox is not None
-        try:
-            await self._prefill_step(turn, decoder)
-            reason = "" if turn.transfer_params is not None else "prefill fell back"
-        except UpstreamStatus as e:  # P's 4xx: D, validating the same body, answers the client itself
-            turn.prefill_answered, reason = time.perf_counter(), f"prefill_{e.status}"
-            self._fallback(turn, reason)
-        except TimeoutError:
-            turn.prefill_answered, reason = time.perf_counter(), "total deadline"
-            self._fallback(turn, reason)
-        except Exception:  # noqa: BLE001  the top of this task: D must hear, or it waits out its bound
-            log.exception("early decode %s: the prefill step failed", key)
-            turn.prefill_answered, reason = time.perf_counter(), "internal"
-            turn.transfer_params = None
-            self._fallback(turn, reason)
-        params = turn.transfer_params
-        if params is not None:
-            params, turn.handshake_to = self.handshakes.params_for(params, decoder.url, decoder.identity)
-        if not self.outbox.deliver(decoder.inbox, key, params, reason) and params is not None:
-            turn.transfer_params = None  # D computes the prompt once its wait ends
-            self._fallback(turn, "delivery_failed")
 
     # ---- steps --------------------------------------------------------------------------------------------
     def _time_left(self, turn: Turn) -> float:
@@ -249,7 +203,7 @@ class PDFlow:
         try:
             prefiller = self._pick("prefill", turn.context)
         except NoHealthyWorker:
-            return self._fallback(turn, "no_prefill_worker")
+            return self.fallback(turn, "no_prefill_worker")
         if self._time_left(turn) <= 0:
             raise TimeoutError
         try:
@@ -257,17 +211,17 @@ class PDFlow:
         except UpstreamStatus as e:
             if e.is_client_error:
                 raise
-            return self._fallback(turn, f"prefill_{e.status // 100}xx")
+            return self.fallback(turn, f"prefill_{e.status // 100}xx")
         except UpstreamTimeout:
             if self._time_left(turn) <= 0:
                 raise TimeoutError from None  # the total deadline, not P's own timeout
-            return self._fallback(turn, "prefill_timeout")
+            return self.fallback(turn, "prefill_timeout")
         except UpstreamError:
             self._passive_eject(prefiller, "unreachable during prefill")
-            return self._fallback(turn, "prefill_unavailable")
+            return self.fallback(turn, "prefill_unavailable")
         params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
         if not isinstance(params, dict) or not params:
-            return self._fallback(turn, "no_kv_transfer_params")
+            return self.fallback(turn, "no_kv_transfer_params")
         self.handshakes.seen(prefiller.url, params)
         turn.mode, turn.transfer_params, turn.prefill_hit = REMOTE_PREFILL, params, prefill_hit(answer)
         turn.prefiller = prefiller
@@ -318,12 +272,12 @@ class PDFlow:
                 turn.prefill_alone = turn.prefill_alone and prefiller.in_flight == 1
                 self.record.stage("prefill", took)
 
-    def _fallback(self, turn: Turn, reason: str) -> None:
+    def fallback(self, turn: Turn, reason: str) -> None:
         log.info("remote prefill skipped: %s; serving decode-only", reason)
         self.record.fallback(reason)
         turn.mode = FALLBACK
 
-    async def _decode(self, turn: Turn, decoder: Worker) -> None:
+    async def decode(self, turn: Turn, decoder: Worker) -> None:
         """D's answer relayed to the client. A decoder that cannot be reached before anything reached the client
         is ejected and the turn tried once more on another (any decoder can pull from P)."""
         if turn.decoder_hit:
@@ -359,7 +313,7 @@ class PDFlow:
         assert self.loop is not None
         endpoint, stream = turn.body.endpoint, turn.body.stream
         params, handshake_to = turn.transfer_params, None
-        if turn.early is not None:  # P's params go to D's inbox once P answers (_prefill_and_deliver)
+        if turn.early is not None:  # P's params go to D's inbox once P answers (early_decode.py)
             params = turn.early
         elif params is not None:  # P's handshake only to a decoder that has not had it yet (handshakes.py)
             params, handshake_to = self.handshakes.params_for(params, decoder.url, decoder.identity)
