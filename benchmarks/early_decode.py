@@ -21,6 +21,7 @@ deploy/gpu/plans/early-decode.sh: the set-up's proxy log, then its --early-decod
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 import statistics
@@ -57,6 +58,10 @@ def ttft_of(url: str, prompt: str, request_id: str) -> float:
 
 def channel(n: int) -> str:
     """Delivery latency (outbox send -> inbox drain returns it), microseconds, p50 / p99, per params size."""
+    return asyncio.run(_channel(n))
+
+
+async def _channel(n: int) -> str:
     import threading
 
     from hybrid_pd.connector.params_inbox import ParamsInbox
@@ -74,7 +79,7 @@ def channel(n: int) -> str:
                 t.start()
                 time.sleep(0.001)  # the decoder waits on its inbox already
                 sent[0] = time.perf_counter()
-                outbox.deliver(inbox.address, f"k{i}", params)
+                assert await outbox.deliver(inbox.address, f"k{i}", params)
                 t.join(5)
             took.sort()
             rows.append(f"| {label} | {n} | {took[n // 2] * 1e6:.0f} | {took[int(0.99 * (n - 1))] * 1e6:.0f} |")

@@ -140,7 +140,7 @@ class ProxyMetrics:
         self.errors = Counter(
             P + "errors",
             "Errors by kind (bad_request, overloaded, no_healthy_worker, "
-            "upstream_4xx, upstream_5xx, timeout, unavailable, client_disconnect, internal)",
+            "upstream_4xx, upstream_5xx, timeout, unavailable, client_disconnect, internal, early_undelivered)",
             ("kind",),
         )
         self.latency = Histogram(

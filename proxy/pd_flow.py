@@ -67,7 +67,7 @@ class PDFlow:
         self.record = FlowRecorder(state.metrics)
         self.handshakes = HandshakeMemo()
         self.decider = Decider(state, self.record)
-        self.early = EarlyDecode(self, self.handshakes, self.config.timeouts.prefill_s)  # --early-decode
+        self.early = EarlyDecode(self, self.handshakes, self.record, self.config.timeouts.prefill_s)  # --early-decode
         # The serving loop, bound at the first request; passed down rather than asked for (on Python 3.11 each
         # asyncio.get_running_loop() is a getpid system call: ten of them were 4% of the CPU per request).
         self.loop: asyncio.AbstractEventLoop | None = None

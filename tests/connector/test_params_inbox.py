@@ -3,6 +3,7 @@ sockets on 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -24,8 +25,8 @@ def inbox():
 def test_outcomes_sent_by_the_proxy_arrive_in_order_with_their_params(inbox):
     out = ParamsOutbox()
     try:
-        assert out.deliver(inbox.address, "a", {"remote_request_id": "p-1", "remote_block_ids": [[1, 2]]})
-        assert out.deliver(inbox.address, "b", None, "prefill_timeout")
+        assert asyncio.run(out.deliver(inbox.address, "a", {"remote_request_id": "p-1", "remote_block_ids": [[1, 2]]}))
+        assert asyncio.run(out.deliver(inbox.address, "b", None, "prefill_timeout"))
         got: list[PrefillOutcome] = []
         deadline = time.monotonic() + 5
         while len(got) < 2 and time.monotonic() < deadline:

@@ -18,10 +18,11 @@ from tests.support.procs import free_port
 
 
 @contextlib.asynccontextmanager
-async def early_cluster(with_inbox: bool = True, **options) -> AsyncIterator[Cluster]:
+async def early_cluster(with_inbox: bool = True, proxy_inbox: str | None = None, **options) -> AsyncIterator[Cluster]:
+    """One P, one D with a real params inbox (the proxy told `proxy_inbox` instead, where given)."""
     inbox = ParamsInbox("127.0.0.1", free_port())
     try:
-        inboxes = {"decode_inbox": [inbox.address]} if with_inbox else {}
+        inboxes = {"decode_inbox": [proxy_inbox or inbox.address]} if with_inbox else {}
         async with cluster(early_decode=True, prefill_timeout=30, **inboxes, **options) as c:
             c.d.inbox = inbox
             yield c
@@ -115,18 +116,55 @@ def test_a_decoder_without_an_inbox_is_served_in_turn():
 
 
 def test_a_decoder_that_cannot_be_reached_leaves_the_turn_to_another_in_turn_with_p_params():
+    """Its inbox gone with it: nothing is delivered there, and P's params go with the request to the other."""
     async def body():
         boxes = [ParamsInbox("127.0.0.1", free_port()) for _ in range(2)]
         try:
             async with cluster(n_decode=2, early_decode=True, decode_inbox=[b.address for b in boxes]) as c:
                 gone = c.decode[0]
                 await gone.stop()
+                boxes[0].close()
                 for _ in range(2):  # the round robin picks the stopped one first once
                     assert await stream(c.url, REQ) == (200, "Hello")
                 sent = [s.body["kv_transfer_params"] for s in c.decode[1].generate_calls]
                 after = [p for p in sent if AWAIT_PREFILL not in p]  # the retried turn: P's params, in turn
                 assert len(after) == 1 and after[0]["remote_engine_id"] == f"engine-{c.p.url}"
+                m = c.state.metrics.render().decode()
+                assert metric_value(m, "hybrid_pd_proxy_errors_total", kind="early_undelivered") == 0
         finally:
             for box in boxes:
                 box.close()
+    run(body())
+
+
+def test_an_outcome_that_cannot_be_delivered_withdraws_the_early_request_and_sends_p_params_in_turn():
+    """The proxy cannot reach D's inbox (told a port nobody listens on): D would wait out its bound (5 s in the
+    fake, 35 s here). The proxy closes D's early request and sends the turn again, with P's params: one answer."""
+    async def body():
+        async with early_cluster(proxy_inbox=f"tcp://127.0.0.1:{free_port()}") as c:
+            began = asyncio.get_running_loop().time()
+            assert await stream(c.url, REQ) == (200, "Hello")
+            assert asyncio.get_running_loop().time() - began < 3
+            early, in_turn = (call.body["kv_transfer_params"] for call in c.d.generate_calls)
+            assert AWAIT_PREFILL in early and in_turn["remote_engine_id"] == f"engine-{c.p.url}"
+            await asyncio.wait_for(c.d.client_gone.wait(), 5)  # the early request's connection was closed
+            assert c.d.outcomes == {}
+            m = c.state.metrics.render().decode()
+            assert metric_value(m, "hybrid_pd_proxy_errors_total", kind="early_undelivered") == 1
+            assert metric_value(m, "hybrid_pd_proxy_requests_total", mode="remote_prefill", status="200") == 1
+    run(body())
+
+
+def test_an_undelivered_failure_of_p_sends_the_turn_to_d_alone():
+    async def body():
+        async with early_cluster(proxy_inbox=f"tcp://127.0.0.1:{free_port()}") as c:
+            c.p.status = 503
+            began = asyncio.get_running_loop().time()
+            assert await stream(c.url, REQ) == (200, "Hello")
+            assert asyncio.get_running_loop().time() - began < 3
+            early, in_turn = (call.body.get("kv_transfer_params") for call in c.d.generate_calls)
+            assert AWAIT_PREFILL in early and in_turn is None
+            m = c.state.metrics.render().decode()
+            assert metric_value(m, "hybrid_pd_proxy_fallbacks_total", reason="prefill_5xx") == 1
+            assert metric_value(m, "hybrid_pd_proxy_requests_total", mode="fallback", status="200") == 1
     run(body())

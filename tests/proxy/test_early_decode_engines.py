@@ -2,7 +2,8 @@
 gets each PD turn's request while the prefiller computes, waits for P's params in its params inbox, then reads P's
 blocks as in the sequential flow, and answers as one engine does. A prefiller that answers an error or drops the
 call while the decoder waits: the decoder computes the prompt itself, the client gets that one answer, the failed
-remote load is counted and the decoder holds no block afterwards.
+remote load is counted and the decoder holds no block afterwards. An inbox the proxy cannot reach: the early
+request is withdrawn and the turn goes to the decoder in turn, long before the decoder's bound.
 
 Opt-in (engines: ~40 s each; REF and P are other modules' too, from the session's pool): runs with `-m engines`.
 """
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.engines
 INBOX_PORT = free_port()
 PROMPTS = {n: text_of(n, 60_000 + n) for n in (20, 300, 700)}
 FAILED = {"error": text_of(400, 61_400), "dropped": text_of(500, 61_500)}
+UNDELIVERED = text_of(450, 61_450)
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +44,15 @@ def engines(engine_set, tiny_model):
 @pytest.fixture(scope="module")
 def reference(engines):
     ref = engines.up("ref")["ref"]
-    return {k: greedy_reference(ref, prompt) for k, prompt in {**PROMPTS, **FAILED}.items()}
+    prompts = {**PROMPTS, **FAILED, "undelivered": UNDELIVERED}
+    return {k: greedy_reference(ref, prompt) for k, prompt in prompts.items()}
 
 
 @contextlib.asynccontextmanager
-async def early_proxy(prefill_url: str, decode_url: str):
+async def early_proxy(prefill_url: str, decode_url: str, inbox_port: int = INBOX_PORT, prefill_timeout: float = 20):
     config = ProxyConfig.from_flat({
-        "port": 0, "prefill": [prefill_url], "decode": [decode_url], "decode_inbox": [f"tcp://127.0.0.1:{INBOX_PORT}"],
-        "early_decode": True, "pd_policy": "always-remote", "prefill_timeout": 20, "health_interval": 0,
+        "port": 0, "prefill": [prefill_url], "decode": [decode_url], "decode_inbox": [f"tcp://127.0.0.1:{inbox_port}"],
+        "early_decode": True, "pd_policy": "always-remote", "prefill_timeout": prefill_timeout, "health_interval": 0,
         "load_interval": 0})
     async with serve_in_background(config) as proxy, aiohttp.ClientSession() as session:
         yield proxy, session
@@ -149,4 +152,30 @@ def test_a_prefiller_failing_while_the_decoder_waits_leaves_the_decoder_to_compu
     run(body(), timeout=120)
     moved = delta(before, d_metrics(urls["d"]))
     assert moved["hybrid_pd_failed_transfers_total"] == 1 and moved["hybrid_pd_bytes_transferred_count"] == 1
+    wait_until_d_holds_no_block(urls["d"])
+
+
+def test_an_inbox_the_proxy_cannot_reach_costs_the_turn_no_wait_and_p_is_read_in_turn(engines, reference):
+    """The proxy is told a port nobody listens on for D's inbox: P's params cannot be delivered, and D would wait
+    out its bound (the prefill timeout + 5 s: 65 s here) before computing the prompt. The proxy withdraws D's early
+    request (vLLM aborts it) and sends the turn again with P's params: one engine's answer, long before the bound;
+    D reads P once and holds no block afterwards."""
+    urls = engines.up("p", "d")
+    before = d_metrics(urls["d"])
+
+    async def body():
+        async with early_proxy(urls["p"], urls["d"], inbox_port=free_port(), prefill_timeout=60) as (proxy, session):
+            began = time.monotonic()
+            answer = await via_proxy(proxy, session, UNDELIVERED)
+            took = time.monotonic() - began
+            assert_same_greedy(reference["undelivered"], answer, "early decode, outcome not delivered")
+            assert took < 15, f"{took:.1f} s: the decoder waited out its bound"
+            m = proxy.state.metrics.render().decode()
+            assert metric_value(m, "hybrid_pd_proxy_errors_total", kind="early_undelivered") == 1
+            assert metric_value(m, "hybrid_pd_proxy_requests_total", mode="remote_prefill", status="200") == 1
+            return took
+    took = run(body(), timeout=120)
+    print(f"undelivered turn answered in {took:.2f} s (bound 65 s)")
+    moved = delta(before, d_metrics(urls["d"]))
+    assert moved["hybrid_pd_bytes_transferred_count"] == 1 and moved["hybrid_pd_failed_transfers_total"] == 0
     wait_until_d_holds_no_block(urls["d"])
