@@ -32,10 +32,8 @@ from .early_decode import EarlyDecode
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from .handshakes import HandshakeMemo
 from .http.request import Request
-from .kv.groups import aligned_block
 from .metrics import FlowRecorder
 from .openai_api import OpenAIRequest
-from .placement.cost_model import remote_tail
 from .placement.decider import Decider
 from .placement.disagg import is_remote
 from .relay import relay_json, relay_sse
@@ -43,6 +41,7 @@ from .routing import RequestContext
 from .state import ProxyState
 from .timers import time_left
 from .turn import FALLBACK, REMOTE_PREFILL, Turn
+from .turn_tokens import TurnTokens
 from .upstream import LeaveBehind
 from .usage import breakdown, fix_usage, prefill_hit, reported_cached
 from .workers import Role, Worker
@@ -52,10 +51,6 @@ FORWARDED_HEADERS = ("authorization",)
 # Request ids: unique across proxies and restarts (P and D match a transfer by it), without a uuid4 per request.
 _ID_PREFIX = f"pd-{os.urandom(8).hex()}-"
 _ids = itertools.count(1)
-
-# Prompts longer than this are tokenized in a thread (a 9k-token prompt takes milliseconds that other requests'
-# streams would wait for on the event loop); shorter ones cost less inline than the thread's hand-over.
-INLINE_TOKENIZE_CHARS = 8192
 
 
 class PDFlow:
@@ -67,6 +62,7 @@ class PDFlow:
         self.record = FlowRecorder(state.metrics)
         self.handshakes = HandshakeMemo()
         self.decider = Decider(state, self.record)
+        self.tokens = TurnTokens(state, self.record)  # the prompt's ids, and where its last message starts
         self.early = EarlyDecode(self, self.handshakes, self.record, self.config.timeouts.prefill_s)  # --early-decode
         # The serving loop, bound at the first request; passed down rather than asked for (on Python 3.11 each
         # asyncio.get_running_loop() is a getpid system call: ten of them were 4% of the CPU per request).
@@ -91,7 +87,7 @@ class PDFlow:
             loop = self.loop = asyncio.get_running_loop()
         turn = Turn(request, body, context, headers, started, loop.time() + self.config.timeouts.total_s)
         if self.config.tokenize and context.token_ids is None and body.single_prompt:
-            context.token_ids = body.token_ids = await self._tokenize(turn)
+            context.token_ids = body.token_ids = await self.tokens.ids(turn, loop)
         decoder = turn.decoder = self._pick("decode", context)
         decision = self.decider.decide(turn, decoder)
         self.record.decision(decision)
@@ -118,77 +114,6 @@ class PDFlow:
     def _time_left(self, turn: Turn) -> float:
         assert self.loop is not None
         return time_left(self.loop, turn.deadline)
-
-    async def _tokenize(self, turn: Turn) -> list[int] | None:
-        """The prompt's ids: from the proxy's own tokenizer where it is loaded and reproduces the request's shape,
-        else from a worker's /tokenize (None where neither gives them: the request is routed without ids)."""
-        tokenizer = self.state.tokenizer
-        if tokenizer is not None:
-            began = time.perf_counter()
-            try:
-                if turn.body.prompt_chars > INLINE_TOKENIZE_CHARS:  # milliseconds: off the event loop
-                    tokens = await asyncio.to_thread(tokenizer.tokens, turn.body)
-                else:
-                    tokens = tokenizer.tokens(turn.body)
-            except Exception as e:  # the template refused the messages: the worker's /tokenize says why (a 4xx)
-                log.info("local tokenization failed (%r): asking a worker's /tokenize", e)
-                tokens = None
-            if tokens is not None:
-                self.record.stage("tokenize", time.perf_counter() - began)
-                self.record.tokenized("local")
-                return tokens
-        tokens = await self._remote_tokens(turn)
-        self.record.tokenized("failed" if tokens is None else "remote")
-        return tokens
-
-    async def _junction(self, turn: Turn) -> int | None:
-        """Where the prompt's last message starts, as P's stop (a token position: P stops at the block boundary at
-        or below it and its state there crosses for D to keep), where that boundary lies below the stop the
-        placement chose; None otherwise (no local tokenizer, a shape it does not reproduce, a short history)."""
-        tokenizer, ids, placement = self.state.tokenizer, turn.context.token_ids, turn.placement
-        if tokenizer is None or not ids or placement is None:
-            return None
-        block = aligned_block(self.state.kv_index.specs)
-        try:
-            if turn.body.prompt_chars > INLINE_TOKENIZE_CHARS:  # milliseconds: off the event loop
-                at = await asyncio.to_thread(tokenizer.last_message_start, turn.body, ids)
-            else:
-                at = tokenizer.last_message_start(turn.body, ids)
-        except Exception as e:  # the template refused the shorter conversation: the placement's stop stands
-            log.info("no junction for %s: %r", turn.headers.get("X-Request-Id"), e)
-            return None
-        n = len(ids)
-        if at is None or block <= 0 or not block <= at // block * block < n - remote_tail(n, block, placement.stop):
-            return None
-        self.record.junction_stop()
-        return at
-
-    async def _remote_tokens(self, turn: Turn) -> list[int] | None:
-        body = turn.body.tokenize_body()
-        workers = self.pool.admitted("decode") or self.pool.admitted("prefill")
-        if body is None or not workers:
-            return None
-        worker = workers[hash(turn.headers["X-Request-Id"]) % len(workers)]
-        began = time.perf_counter()
-        try:
-            timeout = min(self.config.timeouts.tokenize_s, self._time_left(turn))
-            answer = await self.upstream.post_json(
-                worker.url, "/tokenize", body, timeout=timeout, stage="tokenize", headers=turn.headers
-            )
-        except UpstreamStatus as e:
-            if e.is_client_error and turn.body.endpoint == "chat":
-                raise  # the chat template refused the messages: the client's request is at fault
-            log.info("tokenize on %s failed (%s): routing without token ids", worker.url, e)
-            return None
-        except UpstreamError as e:
-            log.info("tokenize on %s failed (%s): routing without token ids", worker.url, e)
-            return None
-        finally:
-            self.record.stage("tokenize", time.perf_counter() - began)
-        tokens = answer.get("tokens") if isinstance(answer, dict) else None
-        if isinstance(tokens, list) and all(isinstance(x, int) for x in tokens):
-            return tokens
-        return None
 
     def _pick(self, role: Role, context: RequestContext, exclude: Worker | None = None) -> Worker:
         router = self.state.decode_router if role == "decode" else self.state.prefill_router
@@ -240,7 +165,7 @@ class PDFlow:
         prefill_s = self.config.timeouts.prefill_s
         body = turn.body.prefill_body(self.config.kv.forward_token_ids)
         if turn.placement is not None and turn.placement.stop:  # where P stops: the placement's choice
-            junction = await self._junction(turn) if turn.diverged else None
+            junction = await self.tokens.junction(turn) if turn.diverged else None
             body["kv_transfer_params"][PREFILL_STOP] = junction or turn.placement.stop
         if turn.decoder is not None:
             known = self.handshakes.known_to(prefiller.url, turn.decoder.url, turn.decoder.identity)
