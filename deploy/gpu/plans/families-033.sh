@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# A plan for `bench_gpu.sh background` on the vLLM 0.33 wheelhouse: the family checks of every family
+# (tests/connector/test_families.py on the GPU: log-probability parity with one engine, the negative controls of
+# the decoder-alone turn, short and long tail) with the current tiny models, in three groups side by side on the
+# one GPU. One group after another took 509 s for two families (2026-11-26-h100-families-vllm033), so eight in turn
+# would take ~34 min, more than a lent machine is held; side by side each engine gets HYBRID_PD_TEST_GPU_UTIL of the
+# GPU (3 groups x 5 engines at most, the tests' pool capacity, x 0.06 = 0.9; a tiny model's weights are megabytes).
+# Each group's line appends to /root/res/done.txt as it ends ("f-all" once all have).
+set -u
+R=/root/res; mkdir -p "$R"
+export HYBRID_PD_TEST_GPU_UTIL=${HYBRID_PD_TEST_GPU_UTIL:-0.06}
+GROUPS_=${FAMILY_GROUPS:-"nemotron_h,granite_moe_hybrid,falcon_h1 zamba2,jamba,qwen3_5 qwen3_next,lfm2"}
+pids=()
+for group in $GROUPS_; do
+  mkdir -p "$R/fam-$group"
+  ( bash deploy/gpu/bench_gpu.sh families "$R/fam-$group" "$group" > "$R/fam-$group/plan.log" 2>&1
+    echo "fam $group rc=$?" >> "$R/done.txt" ) &
+  pids+=($!)
+  sleep 20  # the groups' first engines start apart: their model builds and CUDA start-ups do not all collide
+done
+wait "${pids[@]}"
+echo f-all >> "$R/done.txt"
