@@ -1,7 +1,9 @@
-"""KV integrity digest cost on this machine's CPU: microseconds per MB for block layouts of the tiny test
-model and of Qwen3-Next-sized pages, next to a plain copy of the same bytes (torch clone).
+"""KV integrity digest cost on this machine's CPU or GPU: microseconds per MB for block layouts of the tiny test
+model and of Qwen3-Next-sized pages, next to a plain gather of the same bytes (index_select).
 
     bash deploy/dev.sh run python -m benchmarks.kv_digest_bench [--reps 20] [--out DIR]
+    python3 -m benchmarks.kv_digest_bench --device cuda    # on a GPU machine (torch alone; the connector runs it
+                                                           # on the device where vLLM's KV cache lives)
 
 Each case digests `blocks` blocks of `layers` layer tensors the way the connector does on P (after the
 prompt's last step) and on D (after the READ lands): connector/kv_digest.digest_blocks, one call per KV-cache
@@ -26,8 +28,8 @@ from tests.support.tiny_layout import ATTN_LAYERS, MAMBA_LAYERS, PAGE, STATE
 MB = 1e6
 
 
-def cases() -> dict[str, tuple[list[torch.Tensor], list[int]]]:
-    """name -> (one group's layer tensors, the block ids to digest)."""
+def cases(device: str = "cpu") -> dict[str, tuple[list[torch.Tensor], list[int]]]:
+    """name -> (one group's layer tensors on `device`, the block ids to digest)."""
     out = {}
     # the tiny model (tests/support/tiny_layout.py): fp32 attention pages, GDN states smaller than their page
     attn = [torch.randn(16, PAGE // 4) for _ in range(ATTN_LAYERS)]
@@ -37,23 +39,29 @@ def cases() -> dict[str, tuple[list[torch.Tensor], list[int]]]:
     out["tiny GDN state: 1 block x 2 layers x 67 KiB"] = (states, [5])
     # Qwen3-Next-80B-sized pages (bf16): an attention page of ~1.1 MB per layer and block (544 tokens, K+V,
     # 2 KV heads x 256), a GDN state of ~1 MB per layer; many layers, few blocks per turn
-    big = [torch.randn(8, 544 * 2 * 2 * 256).to(torch.bfloat16) for _ in range(12)]
+    big = [torch.randn(16, 544 * 2 * 2 * 256).to(torch.bfloat16) for _ in range(12)]
     out["Qwen3-Next-sized attention: 4 blocks x 12 layers x 1.1 MB"] = (big, [1, 2, 3, 4])
     gdn = [torch.randn(4, 2**19).to(torch.bfloat16) for _ in range(36)]
     out["Qwen3-Next-sized GDN state: 1 block x 36 layers x 1 MB"] = (gdn, [2])
-    return out
+    # a whole PD turn's attention at 8k tokens: 15 blocks of 544 tokens
+    out["Qwen3-Next-sized attention: 15 blocks x 12 layers x 1.1 MB"] = (big, list(range(1, 16)))
+    return {name: ([t.to(device) for t in tensors], ids) for name, (tensors, ids) in out.items()}
 
 
 def nbytes(tensors: list[torch.Tensor], ids: list[int]) -> int:
     return sum(t[0].numel() * t.element_size() for t in tensors) * len(ids)
 
 
-def timed(fn, reps: int) -> list[float]:
+def timed(fn, reps: int, sync=lambda: None) -> list[float]:
+    """Seconds per call of `fn`, after one warm-up call; `sync` waits for the device's queued work (CUDA runs
+    kernels asynchronously: the digest's .tolist() syncs by itself, a gather does not)."""
     fn()
+    sync()
     out = []
     for _ in range(reps):
         start = time.perf_counter()
         fn()
+        sync()
         out.append(time.perf_counter() - start)
     return out
 
@@ -62,13 +70,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
     args = ap.parse_args()
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     rows = []
-    for name, (tensors, ids) in cases().items():
+    for name, (tensors, ids) in cases(args.device).items():
         size = nbytes(tensors, ids)
-        index = torch.tensor(ids)
-        digest = timed(lambda: digest_blocks(tensors, ids), args.reps)  # noqa: B023
-        copy = timed(lambda: [t.index_select(0, index) for t in tensors], args.reps)  # noqa: B023
+        index = torch.tensor(ids, device=args.device)
+        digest = timed(lambda: digest_blocks(tensors, ids), args.reps, sync)  # noqa: B023
+        copy = timed(lambda: [t.index_select(0, index) for t in tensors], args.reps, sync)  # noqa: B023
         rows.append({
             "case": name, "bytes": size,
             "digest_us_per_mb_best": min(digest) * 1e6 / (size / MB),
@@ -77,7 +87,9 @@ def main() -> None:
             "digest_ms_median": statistics.median(digest) * 1e3,
         })
     meta = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "reps": args.reps}
+            "threads": torch.get_num_threads(), "reps": args.reps, "device": args.device}
+    if args.device.startswith("cuda"):
+        meta["gpu"] = torch.cuda.get_device_name()
     print(json.dumps(meta))
     print(f"{'case':58} {'MB':>6} {'digest us/MB best':>18} {'median':>8} {'copy us/MB':>11} {'ms/call':>8}")
     for r in rows:
