@@ -21,6 +21,7 @@ or misplaced blocks), not against an adversary who can write P's memory. Cost: b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -50,20 +51,56 @@ def _words(blocks: torch.Tensor) -> torch.Tensor:
     return as_bytes.to(torch.int64)
 
 
-def digest_blocks(tensors: Sequence[torch.Tensor], block_ids: Sequence[int]) -> list[int]:
-    """The digest of each block in `block_ids` over `tensors` (one KV-cache group's layers, in a fixed order)."""
+def digest_blocks(tensors: Sequence[torch.Tensor], block_ids: Sequence[int], batched: bool | None = None) -> list[int]:
+    """The digest of each block in `block_ids` over `tensors` (one KV-cache group's layers, in a fixed order).
+    `batched` (default: on a GPU) computes the same digests with the layers of one layout together
+    (_layer_sums_batched)."""
     if not block_ids or not tensors:
         return [0] * len(block_ids)
     device = tensors[0].device
     ids = torch.tensor(list(block_ids), dtype=torch.long, device=device)
-    per_layer = []
-    for t in tensors:
-        words = _words(t.index_select(0, ids))
-        # in place: a second int64 temporary of twice the block's size costs more than the product (page faults)
-        per_layer.append(words.mul_(multipliers(words.shape[1], device)).sum(dim=1))
+    if device.type != "cpu" if batched is None else batched:
+        per_layer = _layer_sums_batched(tensors, ids)
+    else:
+        per_layer = []
+        for t in tensors:
+            words = _words(t.index_select(0, ids))
+            # in place: a second int64 temporary of twice the block's size costs more than the product (page faults)
+            per_layer.append(words.mul_(multipliers(words.shape[1], device)).sum(dim=1))
     layers = torch.stack(per_layer, dim=1)  # (k, layers)
     combined = (layers * multipliers(layers.shape[1] + 1, device)[1:]).sum(dim=1)
     return [int(x) for x in combined.tolist()]
+
+
+# On a GPU the per-layer digest is bound by kernel launches, four per layer tensor (an H100: ~50 us per layer, 1.7 ms
+# for one block of 36 GDN layers; benchmarks/results/2026-11-26-h100-kv-digest). Batched, each layer's blocks are
+# gathered into one buffer and the layers of one layout are widened, multiplied and summed together, in slices of
+# at most BATCH_BYTES of int64 words (a transient allocation beside vLLM's KV cache).
+BATCH_BYTES = 64 << 20
+
+
+def _layer_sums_batched(tensors: Sequence[torch.Tensor], ids: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer, the (k,) sums the per-layer path computes, exactly (integer arithmetic: the order is free)."""
+    k, device = ids.shape[0], tensors[0].device
+    out: dict[int, torch.Tensor] = {}
+    layouts: dict[tuple[tuple[int, ...], torch.dtype], list[int]] = {}
+    for j, t in enumerate(tensors):
+        layouts.setdefault((tuple(t.shape[1:]), t.dtype), []).append(j)
+    for (inner, dtype), layers in layouts.items():
+        size = math.prod(inner) * dtype.itemsize  # bytes of one block of one layer
+        # as _words reads a block: 32-bit words, else bytes (a 1-byte type's own values)
+        word = torch.int32 if size % 4 == 0 else (dtype if dtype.itemsize == 1 else torch.uint8)
+        width = size // word.itemsize
+        m = multipliers(width, device)
+        per = max(1, BATCH_BYTES // (k * width * 8))
+        for s in range(0, len(layers), per):
+            part = layers[s : s + per]
+            buf = torch.empty((len(part), k, size), dtype=torch.uint8, device=device)
+            for i, j in enumerate(part):
+                torch.index_select(tensors[j], 0, ids, out=buf[i].view(dtype).view(k, *inner))
+            sums = buf.view(word).to(torch.int64).mul_(m).sum(dim=2)  # (layers of this slice, k)
+            out.update(zip(part, sums, strict=True))
+    return [out[j] for j in range(len(tensors))]
 
 
 def flip_first_word(tensors: Sequence[torch.Tensor], block_id: int) -> None:

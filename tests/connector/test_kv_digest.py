@@ -78,3 +78,24 @@ def test_two_sign_bits_flipped_are_caught():
         words[i] ^= -(2**31)
     after = digest_blocks(ts, range(8))
     assert [i for i in range(8) if after[i] != before[i]] == [3]
+
+
+def test_the_batched_digest_is_the_per_layer_one_on_every_layout(monkeypatch):
+    """On a GPU the layers of one layout are digested together (kv_digest._layer_sums_batched): the same digests
+    as the per-layer path the CPU runs, for every layout a group may hold, in slices or in one piece."""
+    import hybrid_pd.connector.kv_digest as kv_digest
+
+    gen = torch.Generator().manual_seed(7)
+    gpu_attention = torch.randn(6, 80, 2, 128, generator=gen).to(torch.bfloat16).permute(0, 2, 1, 3)  # K/V per token
+    group = [*layers(3, blocks=6), gpu_attention, *(torch.randn(6, 33, generator=gen) for _ in range(5)),
+             torch.randint(-128, 127, (6, 5), generator=gen, dtype=torch.int8), torch.randn(6, generator=gen)]
+    ids = [5, 0, 3, 3]
+    expected = digest_blocks(group, ids, batched=False)
+    assert digest_blocks(group, ids, batched=True) == expected
+    changed = [t.clone() for t in group]
+    changed[4][3, 7] += 1.0  # one layer of a slice of several moves only its block's digest
+    moved = digest_blocks(changed, ids, batched=True)
+    assert moved == digest_blocks(changed, ids, batched=False)
+    assert [a != b for a, b in zip(moved, expected, strict=True)] == [False, False, True, True]
+    monkeypatch.setattr(kv_digest, "BATCH_BYTES", 1)  # one layer per slice
+    assert digest_blocks(group, ids, batched=True) == expected
