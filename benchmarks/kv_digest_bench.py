@@ -1,5 +1,6 @@
 """KV integrity digest cost on this machine's CPU or GPU: microseconds per MB for block layouts of the tiny test
-model and of Qwen3-Next-sized pages, next to a plain gather of the same bytes (index_select).
+model and of Qwen3-Next-sized pages, per layer (the CPU's path) and batched (the GPU's), next to a plain gather of
+the same bytes (index_select).
 
     bash deploy/dev.sh run python -m benchmarks.kv_digest_bench [--reps 20] [--out DIR]
     python3 -m benchmarks.kv_digest_bench --device cuda    # on a GPU machine (torch alone; the connector runs it
@@ -77,7 +78,8 @@ def main() -> None:
     for name, (tensors, ids) in cases(args.device).items():
         size = nbytes(tensors, ids)
         index = torch.tensor(ids, device=args.device)
-        digest = timed(lambda: digest_blocks(tensors, ids), args.reps, sync)  # noqa: B023
+        digest = timed(lambda: digest_blocks(tensors, ids, batched=False), args.reps, sync)  # noqa: B023
+        batched = timed(lambda: digest_blocks(tensors, ids, batched=True), args.reps, sync)  # noqa: B023
         copy = timed(lambda: [t.index_select(0, index) for t in tensors], args.reps, sync)  # noqa: B023
         rows.append({
             "case": name, "bytes": size,
@@ -85,16 +87,20 @@ def main() -> None:
             "digest_us_per_mb_median": statistics.median(digest) * 1e6 / (size / MB),
             "copy_us_per_mb_best": min(copy) * 1e6 / (size / MB),
             "digest_ms_median": statistics.median(digest) * 1e3,
+            "batched_us_per_mb_best": min(batched) * 1e6 / (size / MB),
+            "batched_ms_median": statistics.median(batched) * 1e3,
         })
     meta = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "reps": args.reps, "device": args.device}
     if args.device.startswith("cuda"):
         meta["gpu"] = torch.cuda.get_device_name()
     print(json.dumps(meta))
-    print(f"{'case':58} {'MB':>6} {'digest us/MB best':>18} {'median':>8} {'copy us/MB':>11} {'ms/call':>8}")
+    print(f"{'case':58} {'MB':>6} {'digest us/MB best':>18} {'median':>8} {'copy us/MB':>11} {'ms/call':>8} "
+          f"{'batched us/MB':>14} {'ms/call':>8}")
     for r in rows:
         print(f"{r['case']:58} {r['bytes'] / MB:6.2f} {r['digest_us_per_mb_best']:18.0f} "
-              f"{r['digest_us_per_mb_median']:8.0f} {r['copy_us_per_mb_best']:11.0f} {r['digest_ms_median']:8.2f}")
+              f"{r['digest_us_per_mb_median']:8.0f} {r['copy_us_per_mb_best']:11.0f} {r['digest_ms_median']:8.2f} "
+              f"{r['batched_us_per_mb_best']:14.0f} {r['batched_ms_median']:8.2f}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
