@@ -9,7 +9,8 @@ the same bytes (index_select).
 Each case digests `blocks` blocks of `layers` layer tensors the way the connector does on P (after the
 prompt's last step) and on D (after the READ lands): connector/kv_digest.digest_blocks, one call per KV-cache
 group, best and median of `reps` calls after one warm-up. Writes DIR/results.json and prints a table; the
-reading (which default, what a PD turn costs) is in DIR/summary.md.
+reading (which default, what a PD turn costs) is in DIR/summary.md. It first checks, per case, that the batched and
+the per-layer digests are the same, on this device and against the CPU's (P and D may differ), and exits if not.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def main() -> None:
     for name, (tensors, ids) in cases(args.device).items():
         size = nbytes(tensors, ids)
         index = torch.tensor(ids, device=args.device)
+        on_cpu = digest_blocks([t.cpu() for t in tensors], ids, batched=False)
+        if not digest_blocks(tensors, ids, batched=True) == digest_blocks(tensors, ids, batched=False) == on_cpu:
+            raise SystemExit(f"{name}: the batched and per-layer digests differ, or differ from the CPU's")
         digest = timed(lambda: digest_blocks(tensors, ids, batched=False), args.reps, sync)  # noqa: B023
         batched = timed(lambda: digest_blocks(tensors, ids, batched=True), args.reps, sync)  # noqa: B023
         copy = timed(lambda: [t.index_select(0, index) for t in tensors], args.reps, sync)  # noqa: B023

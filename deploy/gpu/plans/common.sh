@@ -9,3 +9,11 @@ run() { local kind=$1 setup=$2 dir=$3; shift 3
   local log; log="$R/$dir/$setup$(printf %s "$*" | tr -c 'A-Za-z0-9=._-' _).log"
   bash deploy/gpu/bench_gpu.sh run "$setup" "$kind" "$R/$dir" $B "$@" > "$log" 2>&1
   echo "$dir $setup $* rc=$?" >> "$R/done.txt"; }
+# Once per machine, first: the KV digest on this GPU (benchmarks/kv_digest_bench.py; ~20 s): the batched digest
+# the connector runs on a GPU is checked against the per-layer one and the CPU's, and timed beside them
+if [ ! -e "$R/kv-digest/results.json" ]; then
+  mkdir -p "$R"
+  PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} python3 -m benchmarks.kv_digest_bench --device cuda --reps 30 \
+    --out "$R/kv-digest" > "$R/kv-digest.txt" 2>&1
+  echo "kv-digest rc=$?" >> "$R/done.txt"
+fi

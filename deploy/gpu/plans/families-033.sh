@@ -7,7 +7,7 @@
 # GPU (3 groups x 5 engines at most, the tests' pool capacity, x 0.06 = 0.9; a tiny model's weights are megabytes).
 # Each group's line appends to /root/res/done.txt as it ends ("f-all" once all have).
 set -u
-R=/root/res; mkdir -p "$R"
+. deploy/gpu/plans/common.sh  # $R, and the KV digest check first
 export HYBRID_PD_TEST_GPU_UTIL=${HYBRID_PD_TEST_GPU_UTIL:-0.06}
 GROUPS_=${FAMILY_GROUPS:-"nemotron_h,granite_moe_hybrid,falcon_h1 zamba2,jamba,qwen3_5 qwen3_next,lfm2"}
 pids=()
