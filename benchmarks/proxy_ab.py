@@ -1,6 +1,6 @@
 """CPU per request of our proxy against a peer, in interleaved phases: an A/B of a proxy change on a busy machine.
 
-    python -m benchmarks.proxy_ab --baseline REV [--router] [--no-stream] [--token-interval-ms 1]
+    python -m benchmarks.proxy_ab --baseline REV [--baseline-dir DIR] [--router] [--no-stream] [--token-interval-ms 1]
                                   [--concurrency 1] [--phase-s 1] [--phases 10] [--rounds 3]
 
 proxy_bench.py measures each peer for seconds at a time, one after the other: on a machine shared with other
@@ -106,6 +106,8 @@ def start_floor(ours: pb.Peer, procs: list) -> pb.Peer:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", default="", metavar="REV", help="our proxy as of this git revision")
+    ap.add_argument("--baseline-dir", type=Path, default=None, metavar="DIR",
+                    help="our proxy as installed in DIR (e.g. the mypyc build: pip install --target DIR)")
     ap.add_argument("--router", action="store_true", help="vllm-router as a peer too")
     ap.add_argument("--no-stream", action="store_true")
     ap.add_argument("--tokens", type=int, default=32)
@@ -121,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--router-venv", type=Path, default=pb.DEFAULT_ROUTER_VENV)
     args = ap.parse_args(argv)
-    if not args.baseline and not args.router and not args.floor:
-        raise SystemExit("name a peer: --baseline REV, --router, --floor")
+    if not args.baseline and not args.baseline_dir and not args.router and not args.floor:
+        raise SystemExit("name a peer: --baseline REV, --baseline-dir DIR, --router, --floor")
     args.no_router = not args.router
     pb.BODY["max_tokens"] = args.tokens
     pb.BODY["stream"] = not args.no_stream

@@ -10,7 +10,8 @@ with kv_transfer_params, D streams SSE, like vLLM's PD endpoints):
     (--router-venv, created by this script on first use: `python3.11 -m venv`, `pip install vllm-router==0.1.17`);
     never into the project's dependencies;
   - toy proxy: the design of vLLM's examples/.../disagg_proxy `toy_proxy_server.py` (FastAPI + httpx, P then D);
-  - with --baseline REV: our proxy as of git revision REV as well (an A/B of a proxy change in one run).
+  - with --baseline REV: our proxy as of git revision REV as well (an A/B of a proxy change in one run);
+  - with --baseline-dir DIR: our proxy as installed in DIR as well (the mypyc build against the pure one).
 
 Every proxy runs under `taskset -c 0` (one core each, one at a time under load); the fake workers and the load
 generator (this process) run on core 1. For each round (--rounds, interleaved: round 1 measures every peer,
@@ -213,6 +214,12 @@ def start_all(args: argparse.Namespace, tmp: str, procs: list[subprocess.Popen])
         base = launch([*on_proxy_core, PY, "-m", "hybrid_pd.proxy.server", "--port", str(base_port), "--prefill", p_url,
                        "--decode", d_url, "--log-level", "WARNING"], {"PYTHONPATH": checkout(args.baseline, tmp)})
         launched.append((f"hybrid-pd proxy @{args.baseline}", f"http://127.0.0.1:{base_port}", base, base))
+    if getattr(args, "baseline_dir", None):
+        dir_port = free_port()
+        built = launch([*on_proxy_core, PY, "-m", "hybrid_pd.proxy.server", "--port", str(dir_port), "--prefill", p_url,
+                        "--decode", d_url, "--log-level", "WARNING"], {"PYTHONPATH": str(args.baseline_dir)})
+        name = f"hybrid-pd proxy from {args.baseline_dir.name}"
+        launched.append((name, f"http://127.0.0.1:{dir_port}", built, built))
     if not args.no_router:
         router = launch([*on_proxy_core, str(ensure_router(args.router_venv)), "--vllm-pd-disaggregation",
                          "--prefill", p_url, "--decode", d_url, "--host", "127.0.0.1", "--port", str(router_port),
@@ -336,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated substrings of peer names to measure (and direct)")
     ap.add_argument("--baseline", default="", metavar="REV",
                     help="also measure our proxy as of this git revision (an A/B of a change, in one run)")
+    ap.add_argument("--baseline-dir", type=Path, default=None, metavar="DIR",
+                    help="also measure our proxy as installed in DIR (e.g. the mypyc build: pip install --target DIR)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     BODY["max_tokens"] = args.tokens

@@ -13,10 +13,9 @@ Every error a client can see leaves through `ProxyApp.handle`, OpenAI-shaped:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -173,23 +172,39 @@ class RunningProxy:
         return finished
 
 
-@contextlib.asynccontextmanager
-async def serve_in_background(config: ProxyConfig) -> AsyncIterator[RunningProxy]:
+def serve_in_background(config: ProxyConfig) -> _Serving:
     """Run the proxy in this event loop on config.host:config.port (0 = a free port); stops it on exit
     (requests still open get 1 s, none once drain() began). Handlers are cancelled when their client disconnects
     (that is what aborts the decode leg)."""
-    app = ProxyApp(config)
-    state = app.state
-    await state.upstream.start()
-    background = Background(state)
-    await background.start()
-    server = None
-    try:
-        server = await HTTPServer.start(config.host, config.port, app.handle, Limits())
-        yield RunningProxy(f"http://{config.host}:{server.port}", app, server)
-    finally:
-        if server is not None:
-            await server.stop(grace_s=0.0 if server.draining else 1.0)
-        await background.stop()
-        await state.upstream.close()
-        app.flow.early.close()
+    return _Serving(config)
+
+
+class _Serving:
+    """serve_in_background's context manager, written out: mypyc (the compiled build) has no async generators,
+    so no @asynccontextmanager here."""
+
+    def __init__(self, config: ProxyConfig):
+        self.app = ProxyApp(config)
+        self.background = Background(self.app.state)
+        self.server: HTTPServer | None = None
+
+    async def __aenter__(self) -> RunningProxy:
+        config, state = self.app.config, self.app.state
+        await state.upstream.start()
+        await self.background.start()
+        try:
+            self.server = await HTTPServer.start(config.host, config.port, self.app.handle, Limits())
+        except BaseException:
+            await self._stop()
+            raise
+        return RunningProxy(f"http://{config.host}:{self.server.port}", self.app, self.server)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._stop()
+
+    async def _stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(grace_s=0.0 if self.server.draining else 1.0)
+        await self.background.stop()
+        await self.app.state.upstream.close()
+        self.app.flow.early.close()
