@@ -5,14 +5,18 @@
 # one GPU. One group after another took 509 s for two families (2026-11-26-h100-families-vllm033), so eight in turn
 # would take ~34 min, more than a lent machine is held; side by side each engine gets HYBRID_PD_TEST_GPU_UTIL of the
 # GPU (3 groups x 5 engines at most, the tests' pool capacity, x 0.06 = 0.9; a tiny model's weights are megabytes).
+# FAMILY_GPUS (e.g. "0 1" on a two-GPU machine) deals the groups out to those GPUs in turn (default: the one GPU).
 # Each group's line appends to /root/res/done.txt as it ends ("f-all" once all have).
 set -u
 . deploy/gpu/plans/common.sh  # $R, and the KV digest check first
 export HYBRID_PD_TEST_GPU_UTIL=${HYBRID_PD_TEST_GPU_UTIL:-0.06}
 GROUPS_=${FAMILY_GROUPS:-"nemotron_h,granite_moe_hybrid,falcon_h1 zamba2,jamba,qwen3_5 qwen3_next,lfm2"}
-pids=()
+read -r -a gpus <<< "${FAMILY_GPUS:-}"
+pids=() i=0
 for group in $GROUPS_; do
   mkdir -p "$R/fam-$group"
+  [ ${#gpus[@]} -gt 0 ] && export CUDA_VISIBLE_DEVICES=${gpus[$((i % ${#gpus[@]}))]}
+  i=$((i + 1))
   ( bash deploy/gpu/bench_gpu.sh families "$R/fam-$group" "$group" > "$R/fam-$group/plan.log" 2>&1
     echo "fam $group rc=$?" >> "$R/done.txt" ) &
   pids+=($!)
