@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU benchmark at real model shapes on ONE GPU, one set-up per device call (each well under 10 minutes).
 # The lent GPU machine has no package index and is given back 30 s after a call, so the wheelhouse
-# (build_wheelhouse.sh, ~400 MB; VLLM=0.33.0's, with its own torch 2.14: 2.0 GiB, 38 chunks) travels as tar
-# chunks of 54 MiB (the working tree travels with each), one per call, kept on its disk until the last arrives;
+# (build_wheelhouse.sh, ~400 MB; VLLM=0.33.0's, with its own torch 2.14: 2.0 GiB, 41 chunks) travels as tar
+# chunks of CHUNK_MB MiB (default 50: a call carries 64 MiB with the working tree, ~12 MB on disk as of
+# 2026-11-26), one per call, kept on its disk until the last arrives;
 # every step below is idempotent, so calls can be chained back to back.
 #
 #   (here)   bash deploy/gpu/bench_gpu.sh chunks WHEELHOUSE CHUNK_DIR    # tar stream split into CHUNK_DIR/cNN/
@@ -45,7 +46,7 @@ cmd=${1:?usage: bench_gpu.sh chunks|stash|install|model|run|families|background|
 case $cmd in
   chunks)
     src=${1:?wheelhouse}; dst=${2:?chunk folder}; rm -rf "$dst"; mkdir -p "$dst/all"
-    tar -cf - -C "$src" . | split -b 54m -d - "$dst/all/wh.tar."
+    tar -cf - -C "$src" . | split -b "${CHUNK_MB:-50}m" -d - "$dst/all/wh.tar."
     for f in "$dst"/all/wh.tar.*; do n=${f##*.}; mkdir -p "$dst/c$n"; mv "$f" "$dst/c$n/"; done
     rmdir "$dst/all"; ls -la "$dst"/c* ;;
   stash)
