@@ -2,13 +2,16 @@
 
 The child gets its own process group, so stopping it stops vLLM's engine-core processes too. Its output is
 copied line by line to a stream (our stdout, or a log file), and the last lines are kept for the error
-message when it dies. The launchers run vLLM under it; the demo and the tests run the launchers under it.
+message when it dies, with the first lines that name an exception: vLLM's API server ends its log with its own
+traceback ("Engine core initialization failed. See root cause above"), which pushes the engine core's root cause
+out of any tail. The launchers run vLLM under it; the demo and the tests run the launchers under it.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -22,6 +25,11 @@ from typing import IO
 from hybrid_pd.prefill.launch.errors import WorkerStartError
 from hybrid_pd.prefill.launch.ready import ReadyFile
 from hybrid_pd.prefill.launch.shm_segments import EngineSegments
+
+# A line that names an exception and its message ("ValueError: ...", "(EngineCore pid=7) torch.OutOfMemoryError:
+# ..."), not a traceback frame.
+_EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b:")
+FIRST_ERRORS = 6
 
 
 class ChildProcess:
@@ -41,6 +49,7 @@ class ChildProcess:
         self._log = log
         self._on_line = on_line  # sees every line; what it returns is written to the log after it
         self.tail: collections.deque[str] = collections.deque(maxlen=keep_lines)
+        self.first_errors: list[str] = []  # the first FIRST_ERRORS lines that name an exception
         self.proc: subprocess.Popen | None = None
         self._pump: threading.Thread | None = None
 
@@ -68,6 +77,8 @@ class ChildProcess:
         assert self.proc and self.proc.stdout
         for line in self.proc.stdout:
             self.tail.append(line.rstrip("\n"))
+            if len(self.first_errors) < FIRST_ERRORS and _EXCEPTION_LINE.search(line):
+                self.first_errors.append(line.rstrip("\n"))
             notes = self._on_line(line) if self._on_line else []
             if self._log is not None:
                 try:
@@ -84,12 +95,13 @@ class ChildProcess:
             if self.proc.poll() is not None:
                 self._drain()
                 raise WorkerStartError(
-                    f"{self.name} exited with code {self.proc.returncode} before it became healthy", list(self.tail)
+                    f"{self.name} exited with code {self.proc.returncode} before it became healthy",
+                    list(self.tail), self.first_errors,
                 )
             if health_ok(self.url):
                 return time.monotonic() - start
             time.sleep(poll)
-        raise WorkerStartError(f"{self.name} not healthy after {timeout:.0f}s", list(self.tail))
+        raise WorkerStartError(f"{self.name} not healthy after {timeout:.0f}s", list(self.tail), self.first_errors)
 
     def signal(self, sig: int, group: bool = True) -> None:
         if self.proc and self.proc.poll() is None:
