@@ -96,7 +96,8 @@ class ChildProcess:
                 self._drain()
                 raise WorkerStartError(
                     f"{self.name} exited with code {self.proc.returncode} before it became healthy",
-                    list(self.tail), self.first_errors,
+                    list(self.tail),
+                    self.first_errors,
                 )
             if health_ok(self.url):
                 return time.monotonic() - start
