@@ -77,8 +77,10 @@ case $cmd in
     cd "$ROOT"
     HYBRID_PD_TEST_DEVICE=gpu HYBRID_PD_TEST_FAMILIES=$fams HYBRID_PD_CACHE=${HYBRID_PD_CACHE:-/root/hp-cache} \
       HYBRID_PD_TEST_VLLM_ARGS='["--additional-config", "{\"gdn_prefill_backend\": \"triton\"}"]' \
-      python3 -m pytest tests/connector/test_families.py -q -s -p no:cacheprovider 2>&1 \
-      | tee "$out/families.txt" ;;
+      python3 -m pytest tests/connector/test_families.py -q -s -p no:cacheprovider --basetemp "$out.tmp" 2>&1 \
+      | tee "$out/families.txt"
+    # the engines' own logs (a failed start's root cause is there), then the rest of pytest's temp goes
+    tar -czf "$out/engine-logs.tgz" -C "$out.tmp" . --wildcards 'logs*' 2>/dev/null || true; rm -rf "$out.tmp" ;;
   background)
     mkdir -p /root/res; plan=$(cd "$(dirname "${1:?plan}")" && pwd)/$(basename "$1")
     (cd "$ROOT" && setsid nohup bash "$plan" > /root/res/plan.log 2>&1 &) ; echo "started $plan" ;;
