@@ -80,7 +80,7 @@ case $cmd in
       python3 -m pytest tests/connector/test_families.py -q -s -p no:cacheprovider --basetemp "$out.tmp" 2>&1 \
       | tee "$out/families.txt"
     # the engines' own logs (a failed start's root cause is there), then the rest of pytest's temp goes
-    tar -czf "$out/engine-logs.tgz" -C "$out.tmp" . --wildcards 'logs*' 2>/dev/null || true; rm -rf "$out.tmp" ;;
+    (cd "$out.tmp" && tar -czf "$out/engine-logs.tgz" logs*) || true; rm -rf "$out.tmp" ;;
   background)
     mkdir -p /root/res; plan=$(cd "$(dirname "${1:?plan}")" && pwd)/$(basename "$1")
     (cd "$ROOT" && setsid nohup bash "$plan" > /root/res/plan.log 2>&1 &) ; echo "started $plan" ;;
