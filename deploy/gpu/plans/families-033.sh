@@ -9,9 +9,15 @@
 # Each group's line appends to /root/res/done.txt as it ends ("f-all" once all have).
 set -u
 . deploy/gpu/plans/common.sh  # $R, and the KV digest check first
-export HYBRID_PD_TEST_GPU_UTIL=${HYBRID_PD_TEST_GPU_UTIL:-0.06}
 GROUPS_=${FAMILY_GROUPS:-"nemotron_h,granite_moe_hybrid,falcon_h1 zamba2,jamba,qwen3_5 qwen3_next,lfm2"}
 read -r -a gpus <<< "${FAMILY_GPUS:-}"
+# each engine's share: 0.9 of a GPU over the engines that may hold it at once (5 a group). On 2 x H100 at 0.06 for
+# two groups a GPU (2026-11-26) the GDN families' (Qwen3.5, Qwen3-Next) first engines died at start-up, the root
+# cause not kept (the launcher now names a dead engine's first exceptions); 0.2 ran them on one H200.
+read -r -a groups_ <<< "$GROUPS_"
+per_gpu=$(( (${#groups_[@]} + ${#gpus[@]} - 1) / (${#gpus[@]} > 0 ? ${#gpus[@]} : 1) ))
+[ ${#gpus[@]} -eq 0 ] && per_gpu=${#groups_[@]}
+export HYBRID_PD_TEST_GPU_UTIL=${HYBRID_PD_TEST_GPU_UTIL:-$(python3 -c "print(round(0.9 / (5 * $per_gpu), 3))")}
 pids=() i=0
 for group in $GROUPS_; do
   mkdir -p "$R/fam-$group"
