@@ -166,6 +166,13 @@ class DisaggConfig:
         "of what it computed times the recent share of turns that went on on a prefiller",
         parse=boolean,
     )
+    prefiller_queue: bool = setting(
+        True,
+        "prefiller_queue",
+        "policy ours: a remote option carries the delay its prefill adds to the requests that queue behind it on "
+        "the prefiller (as many as it finds there), as the decoder alone carries its stall of the decoder's streams",
+        parse=boolean,
+    )
     junction_checkpoints: bool = setting(
         True,
         "junction_checkpoints",

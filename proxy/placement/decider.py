@@ -108,6 +108,7 @@ class Decider:
             itl_slo_ms=config.itl_slo_ms,
             aligned_block=block,
             shared_device=config.shared_device,
+            prefiller_queue=config.prefiller_queue,
         )
 
     def _diverged(self, turn: Turn, decoder: Worker, block: int) -> bool:

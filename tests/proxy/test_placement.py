@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hybrid_pd.proxy.placement.cost_model import (
@@ -113,8 +113,25 @@ def test_busier_prefillers_never_move_a_turn_from_the_decoder_to_them(s, more, t
         assert choose(s, prefillers=busier) is None
 
 
+# Found by Hypothesis: no option within the SLO at hit 1040, both D alone and P stopping at the boundary (the
+# same tail on D, so the same gap) within it at 1041; equal gaps went to the faster TTFT, the SLO's objective adds
+# the next turn's term, and the turn moved to P.
+SAME_GAP = {
+    "prompt_tokens": 1983,
+    "decoder": WorkerView("d", hit=1040, load=18.0, queued_tokens=0, can_serve=True),
+    "prefillers": [WorkerView("p0", hit=0, load=0.0, queued_tokens=0, can_serve=True)],
+    "rates": Rates(prefill_step_ms=44.0, prefill_ms_per_token=0.046875, prefill_ms_per_token_per_kctx=0.046875,
+                   hop_ms=0.0, read_ms_per_mb=0.0, kv_mb_per_token=0.0, checkpoint_mb=0.0, step_ms=9.0,
+                   step_ms_per_seq=2.0, chunk_tokens=2048, prefiller_call_factor=1.0, next_remote=1.0),
+    "itl_slo_ms": 200.0,
+    "aligned_block": 1040,
+    "shared_device": True,
+}
+
+
 @PROPS
 @given(scenario(), st.integers(0, 200_000))
+@example(SAME_GAP, 1)
 def test_a_larger_hit_on_the_decoder_never_moves_a_turn_from_it(s, more):
     if choose(s) is None:
         warmer = dataclasses.replace(s["decoder"], hit=s["decoder"].hit + more)
@@ -241,10 +258,12 @@ def test_on_a_shared_device_p_s_prefill_stalls_the_decoders_streams():
     """One GPU for P and D (the H100 run of 2026-11-26, c=8): P's prefill of the remote option takes the GPU from
     D's streams, so its stall holds P's compute (not its queue); D alone is unchanged. Request 18 of that run:
     4,718 tokens, nothing cached, one stream on D: without the device term P computed it (measured 363 ms where
-    D alone had been predicted at 151); with it D alone wins."""
+    D alone had been predicted at 151); with it D alone wins. (Without the prefiller's queue term, this test's
+    subject being the device's: with it, P's queue of two already keeps this turn on D apart.)"""
     d, ps = WorkerView("d", 0, load=1), [WorkerView("p", 0, queued_tokens=3000, load=2)]
-    apart = place(4718, d, ps, PRIORS, aligned_block=544)
-    shared = place(4718, d, ps, PRIORS, aligned_block=544, shared_device=True)
+    apart = place(4718, d, ps, PRIORS, aligned_block=544, prefiller_queue=False)
+    shared = place(4718, d, ps, PRIORS, aligned_block=544, shared_device=True, prefiller_queue=False)
+    assert place(4718, d, ps, PRIORS, aligned_block=544).local
     assert apart.prefiller == "p" and shared.local
     assert shared.options[0] == apart.options[0]
     for a, s in zip(apart.options[1:], shared.options[1:]):
@@ -302,3 +321,23 @@ def test_a_remote_turn_waits_for_the_prompt_tokens_queued_on_d():
         assert short.options[i].ttft_ms == pytest.approx(remote.ttft_ms)
         queue = 60_000 * PRIORS.prefill_ms_per_token
         assert long.options[i].ttft_ms > remote.ttft_ms and long.options[i].ttft_ms >= queue
+
+
+def test_a_remote_option_carries_the_delay_of_the_requests_behind_it_on_the_prefiller():
+    """P's prefill delays each request that queues behind it on P (as many as it finds there), as D alone's stalls
+    D's streams. Request 25 of 2026-11-26-h100x2-qwen3next-judged-vllm033-r2 (c=8): 6,615 tokens, 3,808 of them
+    on D, 7 streams on D, P four requests and ~17k tokens deep, f 0.924: sent to P (measured TTFT 337 ms, where
+    D alone's turns took 170-240); with P's queue counted, D alone."""
+    rates = dataclasses.replace(PRIORS, prefiller_call_factor=0.924)
+    d, p = WorkerView("d", 3808, load=7), WorkerView("p", 0, queued_tokens=17000, load=4)
+    counted = place(6615, d, [p], rates, aligned_block=544)
+    ignored = place(6615, d, [p], rates, aligned_block=544, prefiller_queue=False)
+    assert counted.local and not ignored.local
+    for with_queue, without in zip(counted.options[1:], ignored.options[1:]):
+        prefill = rates.prefill_ms(with_queue.prefill_tokens, 0, 1 if with_queue.stop == "boundary" else 2)
+        assert with_queue.behind_ms == pytest.approx(4 * 0.924 * prefill)
+        assert with_queue.cost_ms == pytest.approx(without.cost_ms + with_queue.behind_ms)
+        assert with_queue.ttft_ms == without.ttft_ms and without.behind_ms == 0
+    assert counted.options[0] == ignored.options[0]  # D alone's figures do not move
+    idle = place(6615, d, [dataclasses.replace(p, load=0, queued_tokens=0)], rates, aligned_block=544)
+    assert all(o.behind_ms == 0 for o in idle.options)  # nobody behind it on an idle prefiller
