@@ -14,7 +14,9 @@ Prints markdown:
   (their P tokens, how long P took to answer them all) and the TTFT of the remote turns sent about then;
 - ours, remote turns whose session's previous turn was served on D alone: what P computed (from its own hit) against
   N - 1 - D's hit, what it would have computed had it held D's prefix;
-- ours, P's call as priced (times the factor in force at the decision) against as measured, in bins of the price.
+- ours, P's call as priced (times the factor in force at the decision) against as measured, in bins of the price;
+- ours, each remote decision replayed with the prefiller's queue term (where the part has the rates the proxy
+  learned and the aligned block): whether D alone would then have been chosen.
 
 Times are the client's (rows' sent_s, ttft_s, gaps_ms; a gap spans the tokens between two text pieces). A row's
 placement line is found by its prompt's tokens among the cell's decisions: the run of consecutive request counters
@@ -24,11 +26,14 @@ whose prompts are the cell's prompts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import statistics
 import sys
 from pathlib import Path
+
+from hybrid_pd.proxy.placement.cost_model import LAST, Rates, local_steps, remote_tail
 
 if __package__:  # imported: benchmarks.gpu.cell_timeline
     from .placement_log import proxy_lines, turns
@@ -185,6 +190,47 @@ def price_table(placed: dict[int, dict]) -> list[str]:
     return out
 
 
+def prefill_part(option: dict, tokens: int, block: int, rates: Rates) -> float:
+    """A remote option's prefill on P at `rates` (as the model prices it: its P tokens past P's hit, in its steps)."""
+    stop = option["name"].rsplit("@", 1)[-1]
+    end = tokens - remote_tail(tokens, block, stop)
+    u = option["p"]
+    hit = max(end - u, 0)
+    steps = local_steps(end, hit, block, rates.chunk_tokens) if stop == LAST else rates.chunks(u)
+    return rates.prefill_ms(u, hit, steps)
+
+
+def queue_table(rows: list[dict], placed: dict[int, dict], block: int, rates: Rates) -> list[str]:
+    """Ours: each remote decision replayed with the prefiller's queue term (cost_model.py, `prefiller_queue`): the P
+    calls under way when it was sent (the P load the proxy saw, as far as the client's rows tell), the term on the
+    chosen option (that many x f x its prefill on P at `rates`), its cost with and without it, D alone's cost, and
+    whether D alone would then have been chosen (every remote option with its own term; the turns after it as they
+    were)."""
+    def p_end(r: dict) -> float:
+        return r["sent_s"] + placed[id(r)]["p_ms"] / 1e3
+
+    remote = [r for r in rows if r.get("computed_on") == "prefill" and placed.get(id(r), {}).get("p_ms")]
+    out = ["| request | P calls under way | term ms | remote cost ms | with the term | D alone's cost | D alone "
+           "then | measured TTFT ms |", "|---" * 8 + "|"]
+    moved: list[float] = []
+    for r in sorted(remote, key=lambda r: r["sent_s"]):
+        d = placed[id(r)]
+        load = sum(1 for x in remote if x is not r and x["sent_s"] < r["sent_s"] < p_end(x))
+        f = d.get("factor_decided", 1.0)
+        terms = [load * f * prefill_part(o, d["tokens"], block, rates) for o in d["options"][1:]]
+        best = min(o["cost"] + t for o, t in zip(d["options"][1:], terms))
+        pick = chosen(d)
+        term = terms[d["options"][1:].index(pick)]
+        local = d["options"][0]["cost"]
+        if local <= best:
+            moved.append(r["ttft_s"] * 1e3)
+        out.append(f"| {d['id']} | {load} | {term:.0f} | {pick['cost']:.0f} | {pick['cost'] + term:.0f} | "
+                   f"{local:.0f} | {'yes' if local <= best else 'no'} | {r['ttft_s'] * 1e3:.0f} |")
+    median = f"{statistics.median(moved):.0f}" if moved else "-"
+    return out + ["", f"With the term, D alone would have been chosen on {len(moved)} of {len(remote)} remote turns "
+                  f"(their measured TTFT median {median} ms on P)."]
+
+
 def report(folder: Path, workload: str, length: int, conc: int, over_ms: float) -> str:
     parts = {}
     for name in SETUPS:
@@ -200,6 +246,11 @@ def report(folder: Path, workload: str, length: int, conc: int, over_ms: float) 
         for table in (local_table(rows, placed, over_ms), choice_table(rows, placed), cold_table(rows, placed),
                       price_table(placed)):
             lines += ["", *table]
+        fitted = runs[OURS].get("placement_rates")
+        if fitted and parts[OURS].get("block"):  # the rates the proxy had learned by the cell's end
+            rates = Rates(**{k: fitted[k] for k in fitted if k in Rates.__dataclass_fields__})
+            rates = dataclasses.replace(rates, chunk_tokens=int(rates.chunk_tokens))
+            lines += ["", *queue_table(rows, placed, parts[OURS]["block"], rates)]
     return "\n".join(lines) + "\n"
 
 

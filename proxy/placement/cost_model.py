@@ -55,10 +55,10 @@ alone had served, and ours lost to upstream (TTFT p50 341 vs 237 ms).
 The prefiller's queue (`prefiller_queue`): a remote option's prefill on P_i delays every request that queues
 behind it there, as D alone's prefill stalls D's streams. Taken as as many requests as it finds on P_i (its load:
 in a steady stream, a queue is as long behind a request as ahead of it), each waiting for P's part of this one,
-f * prefill(U_i). Measured: 2026-11-26-h100x2-qwen3next-judged-vllm033-r2 at c=8, where without it the model
-counted D alone's stall of 4-7 streams and nothing of P's queue of 2-4 requests (10-17k prompt tokens under way):
-30 of 40 turns went to P at a measured TTFT median 349 ms while D alone served its 10 at 170-240 ms, and P
-recomputed 16,864 tokens D held.
+f * prefill(U_i). Measured: 2026-11-26-h100x2-qwen3next-judged-vllm033-r2 at c=8, where without it 30 of 40
+turns went to P (25 of them finding 1-6 P calls under way) at a measured TTFT median 349 ms while D alone served
+its 10 at 178-251 ms, and P recomputed 16,864 tokens D held; replayed with it on the logged decisions, D alone
+wins 17 of the 30 (benchmarks/gpu/cell_timeline.py).
 
 The objective (`itl_slo_ms`): > 0, the least TTFT (plus the next turn's term) among the options whose longest gap
 on D's streams is within it (none within it: the least gap, i.e. protect the streams); 0, the least total delay

@@ -12,10 +12,13 @@ from benchmarks.gpu.cell_timeline import (
     computed,
     join,
     local_table,
+    prefill_part,
     price_table,
+    queue_table,
     report,
     stalls,
 )
+from hybrid_pd.proxy.placement.cost_model import PRIORS
 
 JUDGED = Path(__file__).parents[2] / "benchmarks/results/2026-11-26-h100-qwen3next-judged-vllm033"
 
@@ -96,6 +99,25 @@ def test_prompt_tokens_computed_per_set_up():
 def test_p_calls_binned_by_their_price():
     rows, decisions = cell()
     assert price_table(join(rows, decisions))[2:] == ["| 0-250 | 1 | 200 | 320 |", "| 400-inf | 1 | 500 | 300 |"]
+
+
+def test_remote_decisions_replayed_with_the_prefillers_queue_term():
+    """a/2 (sent at 0.6 s) met c/0's P call under way (0.45-0.75 s): the term, 1 x f x P's prefill of its 7,999
+    tokens, lifts its option past D alone's 320 ms; b/0 and c/0 found P idle (their D alone was cheaper already:
+    the synthetic decisions price it at 100)."""
+    rows, decisions = cell()
+    decisions[4]["options"][0]["cost"] = 320.0
+    decisions[4]["factor_decided"] = 0.5
+    text = "\n".join(queue_table(rows, join(rows, decisions), 544, PRIORS))
+    term = 0.5 * prefill_part(decisions[4]["options"][1], 8000, 544, PRIORS)
+    assert "| 2 | 0 | 0 | 300 | 300 | 100 | yes | 200 |" in text
+    assert f"| 5 | 1 | {term:.0f} | 300 | {300 + term:.0f} | 320 | yes | 300 |" in text
+    assert "| 4 | 0 | 0 | 300 | 300 | 100 | yes | 50 |" in text
+    assert text.endswith("D alone would have been chosen on 3 of 3 remote turns (their measured TTFT median 200 ms "
+                         "on P).")
+    decisions[4]["factor_decided"] = 0.0  # no factor, no term
+    replayed = "\n".join(queue_table(rows, join(rows, decisions), 544, PRIORS))
+    assert "| 5 | 1 | 0 | 300 | 300 | 320 | no | 300 |" in replayed
 
 
 def test_the_judged_runs_c8_figures():

@@ -325,13 +325,14 @@ def test_a_remote_turn_waits_for_the_prompt_tokens_queued_on_d():
 
 def test_a_remote_option_carries_the_delay_of_the_requests_behind_it_on_the_prefiller():
     """P's prefill delays each request that queues behind it on P (as many as it finds there), as D alone's stalls
-    D's streams. Request 25 of 2026-11-26-h100x2-qwen3next-judged-vllm033-r2 (c=8): 6,615 tokens, 3,808 of them
-    on D, 7 streams on D, P four requests and ~17k tokens deep, f 0.924: sent to P (measured TTFT 337 ms, where
-    D alone's turns took 170-240); with P's queue counted, D alone."""
+    D's streams. Request 32 of 2026-11-26-h100x2-qwen3next-judged-vllm033-r2 (c=8): 6,731 tokens, 3,808 of them
+    on D and on P, 3 streams on D (the turns it had just taken alone), P four requests and ~17k tokens deep
+    (requests 25-28 under way), f 0.924: sent to P (measured TTFT 246 ms, where those three turns took 165-175);
+    with P's queue counted, D alone."""
     rates = dataclasses.replace(PRIORS, prefiller_call_factor=0.924)
-    d, p = WorkerView("d", 3808, load=7), WorkerView("p", 0, queued_tokens=17000, load=4)
-    counted = place(6615, d, [p], rates, aligned_block=544)
-    ignored = place(6615, d, [p], rates, aligned_block=544, prefiller_queue=False)
+    d, p = WorkerView("d", 3808, load=3), WorkerView("p", 3808, queued_tokens=17000, load=4)
+    counted = place(6731, d, [p], rates, aligned_block=544)
+    ignored = place(6731, d, [p], rates, aligned_block=544, prefiller_queue=False)
     assert counted.local and not ignored.local
     for with_queue, without in zip(counted.options[1:], ignored.options[1:]):
         prefill = rates.prefill_ms(with_queue.prefill_tokens, 0, 1 if with_queue.stop == "boundary" else 2)
@@ -339,5 +340,5 @@ def test_a_remote_option_carries_the_delay_of_the_requests_behind_it_on_the_pref
         assert with_queue.cost_ms == pytest.approx(without.cost_ms + with_queue.behind_ms)
         assert with_queue.ttft_ms == without.ttft_ms and without.behind_ms == 0
     assert counted.options[0] == ignored.options[0]  # D alone's figures do not move
-    idle = place(6615, d, [dataclasses.replace(p, load=0, queued_tokens=0)], rates, aligned_block=544)
+    idle = place(6731, d, [dataclasses.replace(p, load=0, queued_tokens=0)], rates, aligned_block=544)
     assert all(o.behind_ms == 0 for o in idle.options)  # nobody behind it on an idle prefiller
