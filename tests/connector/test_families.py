@@ -89,18 +89,18 @@ def family(request, engine_set):
     # this engine's own spread here (the GPU's differs from the CPU's): the PD prompt again, after its prefix hit
     again = complete(ref, prompt, len(refs["pd"].tokens), logprobs=2)
     note_noise_floor(f"{request.param}: one engine, the PD prompt again", logprob_delta(refs["pd"], again))
-    # and the next turn computed cold (a cache salt misses its prefix) against after its prefix hit, where the
-    # decoder-alone turn resumes it (the tiny LFM2 on the EPYC bed: 0.0 for this turn, 0.05 for 12-token turns)
-    cold = complete(ref, nxt, ANSWER_TOKENS, logprobs=2, cache_salt="cold")
-    note_noise_floor(f"{request.param}: one engine, the next turn cold and after its prefix hit",
-                     logprob_delta(decided_tokens(cold), answer))
-    # and the PD prompt after its boundary was computed as a prompt of its own, as P computes it (a cache salt
-    # keeps the cold run's blocks out): one engine alone moved the tiny LFM2 so by PD's own spread exactly (0.0054
-    # on the EPYC bed, 2026-11-27): vLLM computes that state otherwise when a prompt ends at the boundary
+    # and both turns after their boundary was computed as a prompt of its own, as P computes it (a cache salt keeps
+    # the blocks cached above out): one engine alone moved the tiny LFM2 so by exactly PD's spread (0.0054) and the
+    # decoder-alone turn's (0.050) on the EPYC bed (2026-11-27): vLLM computes that state otherwise where a prompt
+    # ends at the boundary
     complete(ref, prompt[: n - 2], 1, cache_salt="boundary")
     split = complete(ref, prompt, len(refs["pd"].tokens), logprobs=2, cache_salt="boundary")
     note_noise_floor(f"{request.param}: one engine, the PD prompt after its boundary as a prompt of its own",
                      logprob_delta(refs["pd"], split))
+    complete(ref, ids[: n - 2], 1, cache_salt="next")
+    split = complete(ref, nxt, ANSWER_TOKENS, logprobs=2, cache_salt="next")
+    note_noise_floor(f"{request.param}: one engine, the next turn after the boundary as a prompt of its own",
+                     logprob_delta(decided_tokens(answer), split))
     # the family's plain engine served tests/proxy/test_tokenizer_engine.py before (SHARING_ORDER in
     # tests/conftest.py) and nothing after: it goes, and the next family's stays in the pool
     engines.stop("ref")

@@ -335,7 +335,7 @@ def test_a_remote_option_carries_the_delay_of_the_requests_behind_it_on_the_pref
     ignored = place(6731, d, [p], rates, aligned_block=544, prefiller_queue=False)
     assert counted.local and not ignored.local
     for with_queue, without in zip(counted.options[1:], ignored.options[1:]):
-        prefill = rates.prefill_ms(with_queue.prefill_tokens, 0, 1 if with_queue.stop == "boundary" else 2)
+        prefill = rates.prefill_ms(with_queue.prefill_tokens, 3808, 1 if with_queue.stop == "boundary" else 2)
         assert with_queue.behind_ms == pytest.approx(4 * 0.924 * prefill)
         assert with_queue.cost_ms == pytest.approx(without.cost_ms + with_queue.behind_ms)
         assert with_queue.ttft_ms == without.ttft_ms and without.behind_ms == 0

@@ -219,7 +219,7 @@ def expect_long_tail_control(family: str, moved: Moved) -> None:
     for a family in SHORT_STATE, whose not moving is a strict expected failure, and a zeroed state for a family in
     ZERO_STATE_REREAD, which need only move it past the tolerance."""
     if moved.label == "zeroed state" and family in ZERO_STATE_REREAD:
-        assert max(map(abs, moved.reference_token)) > tolerance(), f"{moved.label}: the answer did not move: {moved}"
+        assert_past_tolerance(moved)
         if moved.over_one_nat <= len(moved.reference_token) // 2:
             pytest.xfail(ZERO_STATE_REREAD_WHY)
     elif family not in SHORT_STATE:
@@ -236,7 +236,7 @@ def expect_state_control(family: str, moved: Moved) -> None:
     if moved.label != "zeroed state" or family not in ZERO_STATE_RECOVERS:
         assert_moved(moved)
         return
-    assert max(map(abs, moved.reference_token)) > tolerance(), f"{moved.label}: the answer did not move: {moved}"
+    assert_past_tolerance(moved)
     _strict_xfail(moved, ZERO_STATE_FRESH, f"{family}: a zeroed state moved most positions, {moved}: take it out of "
                   "ZERO_STATE_RECOVERS")
 
@@ -251,9 +251,14 @@ def _strict_xfail(moved: Moved, why: str, surprise: str) -> None:
     pytest.fail(surprise)
 
 
+def assert_past_tolerance(moved: Moved) -> None:
+    """The control moved the answer beyond the tolerance at some position."""
+    assert max(map(abs, moved.reference_token)) > tolerance(), f"{moved.label}: the answer did not move: {moved}"
+
+
 def assert_moved(moved: Moved) -> None:
     """A control must move the answer beyond the tolerance (a control that does not is a failure, not a skip);
     one whose state is wrong, by more than 1 nat at most positions."""
-    assert max(map(abs, moved.reference_token)) > tolerance(), f"{moved.label}: the answer did not move: {moved}"
+    assert_past_tolerance(moved)
     if moved.label in STATE_KINDS:
         assert moved.over_one_nat > len(moved.reference_token) // 2, f"{moved.label}: moved too little: {moved}"

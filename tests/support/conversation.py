@@ -71,11 +71,11 @@ LOGPROB_FLOOR = 0.011
 LOGPROB_MARGIN = 2.0
 LOGPROB_TOL = LOGPROB_FLOOR * LOGPROB_MARGIN
 # The spread measured where the tests run (note_noise_floor, by the fixtures that hold the engines): one engine's
-# own (the same prompt again after its prefix hit; a turn computed cold, under a cache salt, and after its prefix
-# hit) and upstream's PD on the prompts ours is compared on (the same split of a prompt between P and D). Kernels
-# differ between machines: the Intel Xeon bed computed all of these alike (0.0), the AMD EPYC (Zen 4) bed moved the
-# tiny LFM2 by 0.05 nats between a 12-token turn computed cold and after its prefix hit, and the 20-word prompt's last
-# position by 0.079 through upstream's PD and ours alike (2026-11-27); vLLM 0.33 on one H200 spread at most 0.0003
+# own (the same prompt again after its prefix hit; a family's turns after their boundary was computed as a prompt
+# of its own, as P computes it) and upstream's PD on the prompts ours is compared on (the same split of a prompt
+# between P and D). Kernels differ between machines: on the AMD EPYC (Zen 4) bed one engine alone moved the tiny
+# LFM2's next turn by 0.050 nats so, and upstream's PD and ours alike the 20-word prompt's last position by 0.079
+# (2026-11-27); vLLM 0.33 on one H200 spread at most 0.0003
 # over the PD and decoder-alone paths of Qwen3.5 and Nemotron-H. Every comparison then allows LOGPROB_MARGIN times
 # the larger of LOGPROB_FLOOR and the largest spread measured so far; a spread above NOISE_CAP is broken, not a
 # floor.
