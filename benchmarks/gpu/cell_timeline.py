@@ -231,12 +231,26 @@ def queue_table(rows: list[dict], placed: dict[int, dict], block: int, rates: Ra
                   f"(their measured TTFT median {median} ms on P)."]
 
 
+TERM_SINCE = "2026-11-27"  # the first GPU run whose proxy priced the prefiller's queue term (on by default)
+
+
+def queue_term_on(part: dict, placed: dict[int, dict]) -> bool:
+    """Whether the run's proxy already priced the prefiller's queue term: a decision logged it (`behind`), or the run
+    is from TERM_SINCE on (the term on by default; logged since a later commit) without --no-prefiller-queue."""
+    if any(o.get("behind") for d in placed.values() for o in d["options"]):
+        return True
+    args = part.get("args", {}).get("proxy_args", "")
+    return part.get("date", "") >= TERM_SINCE and "--no-prefiller-queue" not in args
+
+
 def report(folder: Path, workload: str, length: int, conc: int, over_ms: float) -> str:
     parts = {}
     for name in SETUPS:
-        path = folder / f"part-{name}.json.gz"
-        if path.exists():
-            parts[name] = json.loads(gzip.decompress(path.read_bytes()))
+        for path in (folder / f"part-{name}.json.gz", folder / f"part-{name}.json"):  # gzipped when over 200 KB
+            if path.exists():
+                raw = path.read_bytes()
+                parts[name] = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+                break
     runs = {n: r for n, p in parts.items() if (r := cell(p, workload, length, conc))}
     log = folder / f"{OURS}-logs.tar.gz"
     placed = join(runs[OURS]["rows"], turns(proxy_lines(log))) if OURS in runs and log.exists() else {}
@@ -247,7 +261,9 @@ def report(folder: Path, workload: str, length: int, conc: int, over_ms: float) 
                       price_table(placed)):
             lines += ["", *table]
         fitted = runs[OURS].get("placement_rates")
-        if fitted and parts[OURS].get("block"):  # the rates the proxy had learned by the cell's end
+        if queue_term_on(parts[OURS], placed):
+            lines += ["", "The prefiller's queue term was on in this run: the remote costs above carry it (no replay)."]
+        elif fitted and parts[OURS].get("block"):  # the rates the proxy had learned by the cell's end
             rates = Rates(**{k: fitted[k] for k in fitted if k in Rates.__dataclass_fields__})
             rates = dataclasses.replace(rates, chunk_tokens=int(rates.chunk_tokens))
             lines += ["", *queue_table(rows, placed, parts[OURS]["block"], rates)]

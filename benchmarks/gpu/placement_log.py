@@ -22,7 +22,7 @@ import tarfile
 from pathlib import Path
 
 DECIDED = re.compile(r"placement pd-\w+-(\d+): (\d+) tokens -> (\S+) \((\w+)\); (.*)$")
-OPTION = re.compile(r"(\S+) ttft ([\d.]+) stall ([\d.]+) cost ([\d.]+) P (\d+) D (\d+)")
+OPTION = re.compile(r"(\S+) ttft ([\d.]+) stall ([\d.]+) cost ([\d.]+) P (\d+) D (\d+)(?: behind ([\d.]+))?")
 MEASURED = re.compile(
     r"placement pd-\w+-(\d+): TTFT ([\d.]+) ms \(predicted ([\d.]+)\), (\w+)"
     r"(?:, P's call ([\d.]+) ms(?: \(priced ([\d.]+)\))?)?(?:, P factor ([\d.]+))?"
@@ -53,6 +53,7 @@ def turns(lines: list[str]) -> list[dict]:
                     "cost": float(o[3]),
                     "p": int(o[4]),
                     "d": int(o[5]),
+                    "behind": float(o[6]) if o[6] else 0.0,  # the prefiller's queue term (logged since 2026-11-27)
                 }
                 for o in OPTION.findall(m[5])
             ]

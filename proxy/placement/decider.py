@@ -226,6 +226,7 @@ def describe(placement: Placement, prompt_tokens: int) -> str:
     options = "; ".join(
         f"{o.prefiller or 'D'}{'@' + o.stop if o.stop else ''} ttft {o.ttft_ms:.1f} stall {o.stall_ms:.1f} "
         f"cost {o.cost_ms:.1f} P {o.prefill_tokens} D {o.decoder_tokens}"
+        + (f" behind {o.behind_ms:.1f}" if o.behind_ms else "")  # the prefiller's queue term, in cost
         for o in placement.options
     )
     chosen = (placement.prefiller or "D") + ("@" + placement.stop if placement.stop else "")

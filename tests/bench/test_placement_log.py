@@ -61,3 +61,22 @@ def test_a_log_from_before_the_factor_reads_as_it_did():
     assert len(rows) == 56 and not any("factor" in r or "p_predicted" in r for r in rows)
     assert table(rows).splitlines()[0].endswith("| P's call |")
     assert summary(rows).splitlines()[-2:] == ["| D | 28 | 1.01 | 122.0 |", "| last | 28 | 1.48 | 380.8 |"]
+
+
+def test_the_reader_takes_the_prefillers_queue_term_where_the_line_has_it():
+    """A remote option's delay of the requests queued behind it on P (cost_model's `behind_ms`, in its cost) ends the
+    option when it is not 0; a log that carries it tells cell_timeline not to replay the term on top of it."""
+    from benchmarks.gpu.cell_timeline import queue_term_on
+
+    queued = place(6615, WorkerView("d", 3808, load=3), [WorkerView("http://p:1", 3808, load=4)], PRIORS,
+                   aligned_block=544)
+    head = "2026-11-27 04:09:08,685 INFO hybrid_pd.proxy: placement"
+    (turn,) = turns([f"{head} pd-30ed-7: {describe(queued, 6615)}"])
+    behind = [o["behind"] for o in turn["options"]]
+    assert behind[0] == 0.0 and all(b == round(o.behind_ms, 1) > 0 for b, o in zip(behind[1:], queued.options[1:]))
+    assert queue_term_on({}, {1: turn})
+    old = {"date": "2026-11-26 16:35 UTC", "args": {"proxy_args": ""}}
+    without = dict(turn, options=[dict(o, behind=0.0) for o in turn["options"]])
+    assert not queue_term_on(old, {1: without})  # before the term: the replay adds it
+    assert not queue_term_on(dict(old, date="2026-11-27 02:32 UTC", args={"proxy_args": "--no-prefiller-queue"}),
+                             {1: without})
