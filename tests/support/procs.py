@@ -33,7 +33,12 @@ def worker_argv(role: str, *, connector: str, port: int, cpu_bind: str, model: s
     if os.environ.get("HYBRID_PD_TEST_DEVICE") == "gpu":
         argv += ["--device", "gpu", "--gpu-memory-utilization", os.environ.get("HYBRID_PD_TEST_GPU_UTIL", "0.2"),
                  "--max-model-len", "4096", "--max-num-batched-tokens", "4096", "--warmup-lengths", "none"]
-        vllm_args = ["--enforce-eager", *json.loads(os.environ.get("HYBRID_PD_TEST_VLLM_ARGS", "[]")), *vllm_args]
+        # the KV cache sized outright, not by vLLM's memory profile: engines that start side by side on one GPU see
+        # each other's allocations as their own (a tiny Qwen3-Next's D at 0.18 of an H100 found -0.03 GiB for its
+        # cache, 2026-11-27-h100x2-families-gdn-vllm033)
+        kv_bytes = os.environ.get("HYBRID_PD_TEST_KV_CACHE_BYTES", str(2 << 30))
+        vllm_args = ["--enforce-eager", "--kv-cache-memory-bytes", kv_bytes,
+                     *json.loads(os.environ.get("HYBRID_PD_TEST_VLLM_ARGS", "[]")), *vllm_args]
     else:
         # no warm-up (the launcher warms CPUs up at 1024 tokens): ~10 s per engine start, and the tests' first requests
         # are not timed; tests of the warm-up ask for it

@@ -12,8 +12,10 @@ set -u
 GROUPS_=${FAMILY_GROUPS:-"nemotron_h,granite_moe_hybrid,falcon_h1 zamba2,jamba,qwen3_5 qwen3_next,lfm2"}
 read -r -a gpus <<< "${FAMILY_GPUS:-}"
 # each engine's share: 0.9 of a GPU over the engines that may hold it at once (5 a group). On 2 x H100 at 0.06 for
-# two groups a GPU (2026-11-26) the GDN families' (Qwen3.5, Qwen3-Next) first engines died at start-up, the root
-# cause not kept (the launcher now names a dead engine's first exceptions); 0.2 ran them on one H200.
+# two groups a GPU (2026-11-26) the GDN families' (Qwen3.5, Qwen3-Next) first engines died at start-up; at 0.18, a
+# family a GPU (2026-11-27-h100x2-families-gdn-vllm033), one decoder found -0.03 GiB for its KV cache: vLLM's
+# memory profile counted its neighbours' start-up. The tests' GPU engines now size the cache outright
+# (tests/support/procs.py, --kv-cache-memory-bytes).
 read -r -a groups_ <<< "$GROUPS_"
 per_gpu=$(( (${#groups_[@]} + ${#gpus[@]} - 1) / (${#gpus[@]} > 0 ? ${#gpus[@]} : 1) ))
 [ ${#gpus[@]} -eq 0 ] && per_gpu=${#groups_[@]}
