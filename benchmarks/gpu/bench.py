@@ -129,11 +129,12 @@ def run_requests(setup: Setup, requests: list[Request], conc: int, max_tokens: i
             "placement_rates": setup.placement_rates()}  # what ours' model had learned by the cell's end
 
 
-def probe(setup: Setup, tokens: Tokens, length: int, max_tokens: int, block: int) -> list[dict]:
+def probe(setup: Setup, tokens: Tokens, length: int, max_tokens: int, block: int, salt: int = 0) -> list[dict]:
     """Two 3-turn conversations (cold, then warm: same lengths, other tokens), each request alone, with every
-    server's /metrics before and after it. Turn 1 is new; turns 2-3 extend the previous prompt."""
+    server's /metrics before and after it. Turn 1 is new; turns 2-3 extend the previous prompt. `salt`: other
+    prompts of the same shapes (a proxy variant's probe, on engines that cached the first ones)."""
     out = []
-    for phase, seed in (("cold", 101), ("warm", 202)):
+    for phase, seed in (("cold", 101 + 7919 * salt), ("warm", 202 + 7919 * salt)):
         reqs = agentic(tokens, max(64, int(length / 3.45)), sessions=1, turns=3, seed=seed)
         oracle = oracle_hits(reqs, block) if block else [None] * len(reqs)
         for req, best in zip(reqs, oracle):
@@ -282,10 +283,13 @@ def run_variants(setup: Setup, tokens: Tokens, args: argparse.Namespace, block: 
         named = words[1:] if words[0] == "--pd-policy" else words
         slug = re.sub(r"[^a-z0-9]+", "-", " ".join(named).lower()).strip("-")
         parts.append(args.out / f"part-{name}-{slug}.json")
-        vresult = dict(result, tag=f"{args.tag}-{slug}", runs=[], errors=[],
+        vresult = dict(result, tag=f"{args.tag}-{slug}", runs=[], errors=[], probe=[],
                        args=dict(result["args"], proxy_args=f"{args.proxy_args} {variant}".strip()))
         setup.restart_proxy(tuple(words), f"proxy-{slug}")
         log(f"proxy variant {slug}: {variant}")
+        # its own phase probe (before, the variants' parts carried the set-up's): where the set-up served the
+        # probe on D alone, `--pd-policy always-remote`'s is where our PD tax shows (merge.py, pd_overhead_ms_c1)
+        vresult["probe"] = probe(setup, tokens, args.probe_length, args.max_tokens, block, salt=i)
         matrix(setup, tokens, args, block, vresult, functools.partial(write_part, parts[-1], vresult), i)
     return parts
 

@@ -216,7 +216,10 @@ def merge(folder: Path, headline: int) -> dict:
     }
     phases = {n: [phase_row(p, "toy" if n.startswith("upstream") else "engine") for p in part["probe"]]
               for n, part in parts.items()}
-    ratios["pd_overhead_ms_c1"] = pd_tax(phases, ours)
+    # ours' PD turns in the probe; where ours served them on D alone, those of its always-remote variant (same proxy
+    # and engines, every turn through P: the PD path's own tax)
+    tax_from = ours if pd_tax(phases, ours) is not None else f"{ours}-always-remote"
+    ratios["pd_overhead_ms_c1"] = pd_tax(phases, tax_from)
     ratios["pd_overhead_ms_c1_upstream"] = pd_tax(phases, "upstream")
     ratios["prefill_vs_upstream_prefill"] = prefill_vs_upstream(folder, "hybrid")
     ratios["prefill_vs_upstream_prefill_same_work"] = prefill_vs_upstream(folder, "hybrid-full")
@@ -226,6 +229,8 @@ def merge(folder: Path, headline: int) -> dict:
     if extra.exists():
         ratios.update({k: v["value"] for k, v in json.loads(extra.read_text()).items()})
     return {"ratios": ratios, "ratio_basis": {"headline_length": headline, "throughput_concurrency": top,
+                                              "pd_overhead_from": tax_from if ratios["pd_overhead_ms_c1"] is not None
+                                              else None,
                                               "dlocal_turns": len(dlocal), "transfers_compared": len(xfer_ratio),
                                               "judged": judged_basis},
             "equal_to_colocated": equal,

@@ -260,11 +260,13 @@ def test_proxy_variants_run_on_the_same_engines_with_prompts_of_their_own(bench,
             super().__init__()
             self.restarts: list[tuple[tuple[str, ...], str]] = []
 
+        metric_urls: dict = {}  # the probe's /metrics scrapes: none here
+
         def restart_proxy(self, extra, name):
             self.restarts.append((extra, name))
 
     args = argparse.Namespace(workloads="agentic", lengths="2048", concurrency="1", trace="", rate="", deadline_s=1e9,
-                              max_tokens=2, out=tmp_path, tag="", proxy_args="--log-placement",
+                              max_tokens=2, out=tmp_path, tag="", proxy_args="--log-placement", probe_length=1024,
                               proxy_variants="--pd-policy isl-bounding;--itl-slo-ms 60")
     fake = FakeProxySetup()
     result = {"setup": "hybrid-pd-1p1d", "tag": "", "args": {"proxy_args": "--log-placement"}, "probe": [],
@@ -280,8 +282,14 @@ def test_proxy_variants_run_on_the_same_engines_with_prompts_of_their_own(bench,
     assert [s["tag"] for s in saved] == ["-isl-bounding", "-itl-slo-ms-60"]
     assert saved[0]["args"]["proxy_args"] == "--log-placement --pd-policy isl-bounding"
     assert all(len(s["runs"]) == 1 and len(s["runs"][0]["rows"]) == len(first) for s in saved)
-    later = [tuple(b["prompt"][:128]) for b in fake.bodies[len(first):]]
-    assert len(later) == 2 * len(first) and not set(later) & set(first)  # no first block in common: no hit
+    # each variant: its own phase probe (6 requests alone), then its workloads, with prompts of their own
+    probes = [[tuple(b["prompt"][:128]) for b in fake.bodies[len(first) + k * (6 + len(first)):][:6]] for k in (0, 1)]
+    later = [tuple(b["prompt"][:128]) for k in (0, 1)
+             for b in fake.bodies[len(first) + k * (6 + len(first)) + 6:][:len(first)]]
+    assert [len(s["probe"]) for s in saved] == [6, 6] and [p["phase"] for p in saved[0]["probe"]][::3] == ["cold",
+                                                                                                           "warm"]
+    assert len(fake.bodies) == len(first) + 2 * (6 + len(first))
+    assert not set(later) & set(first) and not set(probes[0]) & set(probes[1])  # no first block in common: no hit
     assert not set(later[: len(first)]) & set(later[len(first):])
     assert len(result["runs"]) == 1  # the variants record into parts of their own
     # each cell records our proxy's placement model as learned by its end, and merge shows it per cell
@@ -290,6 +298,35 @@ def test_proxy_variants_run_on_the_same_engines_with_prompts_of_their_own(bench,
     text = merge_summary(tmp_path)
     assert "The placement model's rates" in text
     assert f"| agentic | 2048 | 1 | hybrid-pd-1p1d | - | - | - | {15.0 + len(first):.4g} |" in text
+
+
+def test_pd_tax_comes_from_the_always_remote_variant_where_ours_served_the_probe_alone(tmp_path):
+    """pd_overhead_ms_c1: the median PD tax over ours' probe turns that went through P; where ours served every probe
+    turn on D alone, its always-remote variant's (the PD path's own tax, same engines)."""
+    merge = load("gpu.merge")
+
+    def probe_row(phase, turn, ttft, p_prefill=None):  # deltas as metric_deltas writes them (s sums and counts)
+        d = {"vllm:request_prefill_time_seconds_sum": 0.080, "vllm:request_prefill_time_seconds_count": 1}
+        deltas = {"decode": d}
+        if p_prefill is not None:
+            deltas["prefill"] = {"vllm:request_prefill_time_seconds_sum": p_prefill,
+                                 "vllm:request_prefill_time_seconds_count": 1}
+        return {"phase": phase, "turn": turn, "prompt_tokens": 4000, "oracle_hit": 0, "hit_tokens": 0,
+                "ttft_s": ttft, "p_s": p_prefill and p_prefill + 0.005, "e2e_s": ttft + 0.1, "text": "x",
+                "deltas": deltas}
+
+    col = part("colocated", [row("a", 0, 0.10, "x")], [row("a", 0, 0.3, "z", conc=8)], (100, 800))
+    col["probe"] = [probe_row("cold", 0, 0.090)]  # its own HTTP path: 90 - 80 = 10 ms
+    ours = part("hybrid-pd-1p1d", [row("a", 0, 0.15, "x")], [row("a", 0, 0.9, "w", conc=8)], (95, 600))
+    ours["probe"] = [probe_row("cold", 0, 0.095)]  # D alone: no PD turn
+    remote = dict(part("hybrid-pd-1p1d", [row("a", 0, 0.2, "x")], [row("a", 0, 0.9, "w", conc=8)], (95, 600)),
+                  tag="-always-remote")
+    remote["probe"] = [probe_row("cold", 0, 0.200, p_prefill=0.095)]  # 200 - 95 - 80 - 10 = 15 ms
+    for name, p in (("colocated", col), ("hybrid-pd-1p1d", ours), ("hybrid-pd-1p1d-always-remote", remote)):
+        (tmp_path / f"part-{name}.json").write_text(json.dumps(p))
+    res = merge.merge(tmp_path, 8192)
+    assert res["ratios"]["pd_overhead_ms_c1"] == pytest.approx(15.0)
+    assert res["ratio_basis"]["pd_overhead_from"] == "hybrid-pd-1p1d-always-remote"
 
 
 def merge_summary(folder) -> str:
