@@ -140,6 +140,16 @@ def pd_tax(phases: dict, setup: str) -> float | None:
     return round(statistics.median(tax), 1) if tax else None
 
 
+def proxy_added(phases: dict, setup: str) -> float | None:
+    """What our proxy adds to a turn (median over the probe's turns `setup` served on D alone, ms): its client TTFT
+    less D's own (vLLM's time_to_first_token: arrival to first token in the engine), against the same for the
+    colocated engine straight from the client on the same turn (its HTTP path and API server alike)."""
+    direct = {(r["phase"], r["turn"]): r["glue_ms"] for r in phases.get("colocated", []) if r["glue_ms"] is not None}
+    added = [r["glue_ms"] - direct[(r["phase"], r["turn"])] for r in phases.get(setup, [])
+             if r["glue_ms"] is not None and r["p_prefill_ms"] is None and (r["phase"], r["turn"]) in direct]
+    return round(statistics.median(added), 2) if added else None
+
+
 def prefill_vs_upstream(folder: Path, setup: str) -> float | None:
     """prefill_probe.py's parts under folder/probe: the paired median of `setup`'s P prefill over upstream's on
     the same prompts (P legs only, the first prompt of each kind left out: it may meet a cold path)."""
@@ -221,6 +231,7 @@ def merge(folder: Path, headline: int) -> dict:
     tax_from = ours if pd_tax(phases, ours) is not None else f"{ours}-always-remote"
     ratios["pd_overhead_ms_c1"] = pd_tax(phases, tax_from)
     ratios["pd_overhead_ms_c1_upstream"] = pd_tax(phases, "upstream")
+    ratios["proxy_added_ms_p50"] = proxy_added(phases, ours)
     ratios["prefill_vs_upstream_prefill"] = prefill_vs_upstream(folder, "hybrid")
     ratios["prefill_vs_upstream_prefill_same_work"] = prefill_vs_upstream(folder, "hybrid-full")
     judged_ratios, judged_basis = judged(parts, tables, headline)

@@ -302,11 +302,13 @@ def test_proxy_variants_run_on_the_same_engines_with_prompts_of_their_own(bench,
 
 def test_pd_tax_comes_from_the_always_remote_variant_where_ours_served_the_probe_alone(tmp_path):
     """pd_overhead_ms_c1: the median PD tax over ours' probe turns that went through P; where ours served every probe
-    turn on D alone, its always-remote variant's (the PD path's own tax, same engines)."""
+    turn on D alone, its always-remote variant's (the PD path's own tax, same engines). proxy_added_ms_p50: ours'
+    D-alone probe turns' TTFT beyond D's own, less the colocated engine's on the same turns."""
     merge = load("gpu.merge")
 
     def probe_row(phase, turn, ttft, p_prefill=None):  # deltas as metric_deltas writes them (s sums and counts)
-        d = {"vllm:request_prefill_time_seconds_sum": 0.080, "vllm:request_prefill_time_seconds_count": 1}
+        d = {"vllm:request_prefill_time_seconds_sum": 0.080, "vllm:request_prefill_time_seconds_count": 1,
+             "vllm:time_to_first_token_seconds_sum": 0.082}  # the engine's own arrival to first token
         deltas = {"decode": d}
         if p_prefill is not None:
             deltas["prefill"] = {"vllm:request_prefill_time_seconds_sum": p_prefill,
@@ -327,6 +329,8 @@ def test_pd_tax_comes_from_the_always_remote_variant_where_ours_served_the_probe
     res = merge.merge(tmp_path, 8192)
     assert res["ratios"]["pd_overhead_ms_c1"] == pytest.approx(15.0)
     assert res["ratio_basis"]["pd_overhead_from"] == "hybrid-pd-1p1d-always-remote"
+    # what the proxy adds on a D-alone turn: (95 - 82) through it against (90 - 82) straight to the colocated engine
+    assert res["ratios"]["proxy_added_ms_p50"] == pytest.approx(5.0)
 
 
 def merge_summary(folder) -> str:
