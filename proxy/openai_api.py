@@ -227,20 +227,31 @@ def _int(body: dict[str, Any], name: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _is_token_list(x: Any) -> bool:
-    return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+def _token_ids(x: Any) -> list[int] | None:
+    """`x` as token ids (a list of its own), or None where it is not an array of integers (a boolean is not one).
+    msgspec checks the elements in C: a 9k-token prompt took 1.2 ms with a Python generator, 0.09 ms so
+    (benchmarks/proxy_parse.py)."""
+    if not isinstance(x, list):
+        return None
+    try:
+        return msgspec.convert(x, list[int], strict=True)
+    except msgspec.ValidationError:
+        return None
 
 
 def _parse_prompt(prompt: Any) -> tuple[list[int] | None, int, bool]:
     """(token ids if given as ids, characters of text, is one prompt)."""
     if isinstance(prompt, str):
         return None, len(prompt), True
-    if _is_token_list(prompt) and prompt:
-        return list(prompt), 0, True
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+    if not isinstance(prompt, list) or not prompt:
+        raise BadRequest("'prompt' must be a string, an array of strings, or an array of token ids", param="prompt")
+    if ids := _token_ids(prompt):
+        return ids, 0, True
+    if all(isinstance(p, str) for p in prompt):
         return None, sum(map(len, prompt)), len(prompt) == 1
-    if isinstance(prompt, list) and prompt and all(_is_token_list(p) and p for p in prompt):
-        return (list(prompt[0]) if len(prompt) == 1 else None), 0, len(prompt) == 1
+    lists = [_token_ids(p) for p in prompt]
+    if all(lists):  # each a non-empty array of token ids
+        return (lists[0] if len(lists) == 1 else None), 0, len(lists) == 1
     raise BadRequest("'prompt' must be a string, an array of strings, or an array of token ids", param="prompt")
 
 

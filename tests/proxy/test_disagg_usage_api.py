@@ -139,6 +139,25 @@ def test_prompt_shapes(endpoint, raw, single):
     assert parse_request(endpoint, raw).single_prompt is single
 
 
+@pytest.mark.parametrize("raw, ids", [
+    (b'{"prompt": [1, 2, 3]}', [1, 2, 3]),
+    (b'{"prompt": [[7, 8]]}', [7, 8]),
+    (b'{"prompt": [[1, 2], [3]]}', None),  # a batch: no single prompt to route by
+    (b'{"prompt": [-1, 18446744073709551616]}', [-1, 2 ** 64]),  # vLLM's to judge
+])
+def test_token_ids_are_taken_as_given(raw, ids):
+    assert parse_request("completions", raw).token_ids == ids
+
+
+@pytest.mark.parametrize("prompt", [b"[]", b"[true]", b"[1, false]", b"[1.0]", b"[[]]", b"[[1, true]]", b'["a", 1]',
+                                    b'[[1, 2], "a"]', b"null", b"5"])
+def test_what_is_not_a_prompt_is_refused(prompt):
+    """Booleans and floats are not token ids (JSON's true is no 1), nor is an empty array one prompt."""
+    with pytest.raises(BadRequest) as e:
+        parse_request("completions", b'{"prompt": ' + prompt + b"}")
+    assert e.value.param == "prompt" and e.value.status == 400
+
+
 @pytest.mark.parametrize("raw, param", [(b'{"prompt": "a", "n": true}', "n"), (b'{"prompt": {}}', "prompt"),
                                         (b'{"messages": [1]}', "messages"), (b'{"prompt": "a", "user": 1}', "user")])
 def test_wrong_types_name_the_param(raw, param):
