@@ -155,6 +155,10 @@ def judged(parts: dict, tables: dict, headline: int, workload: str = "agentic") 
         "goodput_vs_best_peer": mine / peers[best] if mine is not None and best and peers[best] else None,
         "dlocal_share_vs_oracle_c1": dlocal["ratio"],
         "hybrid_misroutes": wrong.get("turns"),
+        # of them, those on which the colocated engine (every earlier prompt seen) reused more: where a checkpoint
+        # could have been found (the rest no placement could have served better)
+        "hybrid_misroutes_avoidable": (wrong["turns"] - wrong["inherent"]
+                                       if wrong.get("inherent") is not None else None),
     }
     basis = {"worst_vs_upstream_cell": where, "slo": {"ttft_ms": TTFT_SLO_MS, "itl_p90_ms": ITL_SLO_MS},
              "goodput_turns_per_s": rates, "best_peer": best, "dlocal_c1": dlocal,

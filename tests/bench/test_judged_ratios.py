@@ -117,11 +117,13 @@ def test_misroutes_are_turns_on_d_alone_short_of_the_attention_prefix(tmp_path, 
     ours[2] |= {"hit_tokens": 0, "oracle_hit": 3264}  # short too, but served remotely: not D's misroute
     parts[COL]["runs"][0]["rows"][1]["hit_tokens"] = 1088  # one engine that saw every prompt reused no more
     res = merged(tmp_path, parts)
-    assert res["ratios"]["hybrid_misroutes"] == 1
+    assert res["ratios"]["hybrid_misroutes"] == 1 and res["ratios"]["hybrid_misroutes_avoidable"] == 0
     assert res["ratio_basis"]["judged"]["hybrid_misroutes"][OURS] == {"turns": 1, "recomputed_tokens": 2176,
                                                                        "inherent": 1}
     parts[COL]["runs"][0]["rows"][1]["hit_tokens"] = 3264  # the colocated engine found a checkpoint there
-    assert merged(tmp_path, parts)["ratio_basis"]["judged"]["hybrid_misroutes"][OURS]["inherent"] == 0
+    res = merged(tmp_path, parts)
+    assert res["ratio_basis"]["judged"]["hybrid_misroutes"][OURS]["inherent"] == 0
+    assert res["ratios"]["hybrid_misroutes_avoidable"] == 1
 
 
 def test_the_merge_keeps_the_c1_ttft_ratios_under_their_judged_names(tmp_path, parts):
