@@ -128,6 +128,12 @@ def other_prompt(url: str) -> list[int]:
     return ids
 
 
+# connector/transport.py's messages for a READ that failed once D had P's agent (a handshake's name the side
+# channel or add_remote_agent)
+READ_FAILED = ("NIXL initialize_xfer failed", "NIXL transfer failed", "NIXL READ from", "NIXL check_xfer_state failed",
+               "NIXL READ failed")
+
+
 def test_dead_prefiller_means_recompute_within_the_deadline(engines, reference):
     dead_prefiller_read(engines, reference, "d")
 
@@ -150,7 +156,9 @@ def dead_prefiller_read(engines, reference, decoder: str) -> None:
     # a dead peer fails the READ at once: D's own compute is the rest
     assert took < 10, f"D took {took:.1f} s"
     failures = [ln for ln in engines.logs[decoder].read_text().splitlines() if "KV load from" in ln]
-    assert failures and "NIXL transfer failed" in failures[-1], failures[-1:]  # the READ failed, not a handshake
+    # the READ failed, not a handshake: as it was posted ("NIXL transfer failed"), or as D polled it
+    # ("NIXL check_xfer_state failed: NIXL_ERR_REMOTE_DISCONNECT": seen once on the CPU bed, 2026-11-27)
+    assert failures and any(stage in failures[-1] for stage in READ_FAILED), failures[-1:]
     # recomputed by D with the right weights: the dead prefiller's (other) weights left no trace
     assert_same_greedy(reference["killed"], d_resp, f"qwen3_next: dead prefiller, recomputed on {decoder}")
     assert delta(before, d_metrics(urls[decoder]))["hybrid_pd_failed_transfers_total"] == 1
