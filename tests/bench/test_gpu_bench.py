@@ -34,13 +34,13 @@ def test_workloads_average_the_asked_length(bench, tokens, length):
     assert len(bench.sessions_of(bench.workload("agentic", tokens, length, 8, seed=7))) == 8
 
 
-def test_metric_deltas_keep_proxy_labels_and_sum_engine_labels(bench):
+def test_metric_deltas_keep_proxy_labels_and_sum_engine_labels():
     before = {"decode": {'vllm:request_queue_time_seconds_sum{engine="0",model_name="m"}': 1.0},
               "front": {'hybrid_pd_proxy_stage_latency_seconds_sum{stage="prefill"}': 2.0}}
     after = {"decode": {'vllm:request_queue_time_seconds_sum{engine="0",model_name="m"}': 1.5,
                         'vllm:prompt_tokens_total{engine="0",model_name="m"}': 100.0},
              "front": {'hybrid_pd_proxy_stage_latency_seconds_sum{stage="prefill"}': 2.25}}
-    d = bench.metric_deltas(before, after)
+    d = load("client").metric_deltas(before, after)
     assert d["decode"] == {"vllm:request_queue_time_seconds_sum": 0.5, "vllm:prompt_tokens_total": 100.0}
     assert d["front"] == {'hybrid_pd_proxy_stage_latency_seconds_sum{stage="prefill"}': 0.25}
 
@@ -113,11 +113,11 @@ def test_merge_two_gpus(tmp_path):
     assert "no prefill load" in text and "| 400 |" in text
 
 
-def test_decode_alone_window(bench):
+def test_decode_alone_window():
     """Gaps count only while every stream decodes: after the last first token, before the first stream ends."""
     early = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]  # decodes alone at first (gaps of 100 ms)
     late = [0.35, 0.37, 0.39, 0.41, 0.43, 0.45, 0.47, 0.6]
-    got = bench.all_decoding([early, late])
+    got = load("gpu.probes").all_decoding([early, late])
     assert got["window_s"] == pytest.approx(0.5 - 0.35)
     assert got["gaps"] == 6 + 1  # late's 0.35..0.47 (6 gaps) and early's 0.4 -> 0.5
     assert got["itl_p50_ms"] == pytest.approx(20.0)
