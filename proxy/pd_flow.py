@@ -167,6 +167,8 @@ class PDFlow:
         if turn.placement is not None and turn.placement.stop:  # where P stops: the placement's choice
             junction = await self.tokens.junction(turn) if turn.diverged else None
             body["kv_transfer_params"][PREFILL_STOP] = junction or turn.placement.stop
+        elif self.config.disagg.prefiller_stop != "model":  # the peers' deciders: the stop --prefiller-stop names
+            body["kv_transfer_params"][PREFILL_STOP] = self.config.disagg.prefiller_stop
         if turn.decoder is not None:
             known = self.handshakes.known_to(prefiller.url, turn.decoder.url, turn.decoder.identity)
             if known is not None:

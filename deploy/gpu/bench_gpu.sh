@@ -75,7 +75,7 @@ case $cmd in
     use_site; out=${1:?out folder}; mkdir -p "$out"
     fams=${2:-nemotron_h,granite_moe_hybrid,falcon_h1,zamba2,jamba,qwen3_5,qwen3_next,lfm2}
     cd "$ROOT"
-    HYBRID_PD_TEST_DEVICE=gpu HYBRID_PD_TEST_FAMILIES=$fams HYBRID_PD_CACHE=${HYBRID_PD_CACHE:-/root/hp-cache} \
+    HYBRID_PD_TEST_DEVICE=gpu HYBRID_PD_TEST_FAMILIES=$fams HYBRID_PD_TEST_START_S=${HYBRID_PD_TEST_START_S:-900} HYBRID_PD_CACHE=${HYBRID_PD_CACHE:-/root/hp-cache} \
       HYBRID_PD_TEST_VLLM_ARGS='["--additional-config", "{\"gdn_prefill_backend\": \"triton\"}"]' \
       python3 -m pytest tests/connector/test_families.py -q -s -p no:cacheprovider --basetemp "$out.tmp" 2>&1 \
       | tee "$out/families.txt"

@@ -125,6 +125,7 @@ class KVIndexConfig:
 
 
 PD_POLICIES = ("auto", "ours", "always-remote", "isl-bounding", "non-cached-tokens", "hit-ratio")
+PREFILLER_STOPS = ("model", "boundary", "last")
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,17 @@ class DisaggConfig:
         "policy ours: a remote option carries the delay its prefill adds to the requests that queue behind it on "
         "the prefiller (as many as it finds there), as the decoder alone carries its stall of the decoder's streams",
         parse=boolean,
+    )
+    prefiller_stop: str = setting(
+        "model",
+        "prefiller_stop",
+        "where a prefiller stops computing a remote turn's prompt of a hybrid model: model (policy ours: whichever "
+        "the cost model prices lower; the other policies: the prefiller's own setting, the aligned boundary by "
+        "default); boundary (the last aligned boundary below the prompt's end: the decoder computes the rest in a "
+        "prefill step of its own); last (one token short: the decoder computes the last token in a decode-shaped "
+        "step)",
+        choices=PREFILLER_STOPS,
+        check=one_of(*PREFILLER_STOPS),
     )
     junction_checkpoints: bool = setting(
         True,

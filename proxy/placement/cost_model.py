@@ -245,15 +245,19 @@ def place(
     aligned_block: int = 0,
     shared_device: bool = False,
     prefiller_queue: bool = True,
+    stop: str = "",
 ) -> Placement:
     """The option for a `prompt_tokens` prompt whose decoder is `decoder` (see the module's docstring). Only
-    prefillers that can serve are options; with none, D alone. Hits are clamped to [0, N - 1]."""
+    prefillers that can serve are options; with none, D alone. Hits are clamped to [0, N - 1]. `stop` (BOUNDARY or
+    LAST) leaves the remote options only that stop on P, where the prompt has a boundary below its end ("": both)."""
     if not decoder.can_serve:
         raise ValueError(f"decoder {decoder.name} cannot serve: pick another before placing")
     n = max(int(prompt_tokens), 1)
     k = max(decoder.load, 0.0)
     slo = max(itl_slo_ms, 0.0)
     stops = (BOUNDARY, LAST) if remote_tail(n, aligned_block) > 1 else (LAST,)
+    if stop in stops:
+        stops = (stop,)
     remotes = [
         _remote(n, stop, decoder, p, k, rates, slo, aligned_block, shared_device, prefiller_queue)
         for p in prefillers

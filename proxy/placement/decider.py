@@ -109,6 +109,7 @@ class Decider:
             aligned_block=block,
             shared_device=config.shared_device,
             prefiller_queue=config.prefiller_queue,
+            stop="" if config.prefiller_stop == "model" else config.prefiller_stop,
         )
 
     def _diverged(self, turn: Turn, decoder: Worker, block: int) -> bool:

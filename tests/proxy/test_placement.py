@@ -342,3 +342,16 @@ def test_a_remote_option_carries_the_delay_of_the_requests_behind_it_on_the_pref
     assert counted.options[0] == ignored.options[0]  # D alone's figures do not move
     idle = place(6731, d, [dataclasses.replace(p, load=0, queued_tokens=0)], rates, aligned_block=544)
     assert all(o.behind_ms == 0 for o in idle.options)  # nobody behind it on an idle prefiller
+
+
+def test_a_named_stop_leaves_only_its_remote_options():
+    d = WorkerView("d", 0, 0)
+    ps = [WorkerView("p", 0, 0)]
+    both = {o.stop for o in place(4718, d, ps, PRIORS, aligned_block=544).options if o.prefiller}
+    assert both == {BOUNDARY, LAST}
+    for stop in (BOUNDARY, LAST):
+        named = place(4718, d, ps, PRIORS, aligned_block=544, stop=stop)
+        assert {o.stop for o in named.options if o.prefiller} == {stop}
+    # no boundary below the end: N-1 is the only stop there is, whatever is named
+    short = place(300, d, ps, PRIORS, aligned_block=544, stop=BOUNDARY)
+    assert {o.stop for o in short.options if o.prefiller} == {LAST}

@@ -157,6 +157,43 @@ def test_a_busy_decoder_has_the_prefiller_compute_to_n_minus_1(caplog):
     assert re.search(r"P's call [\d.]+ ms \(priced [\d.]+\)", said[3])
 
 
+def test_prefiller_stop_names_where_p_stops_for_every_policy(caplog):
+    """--prefiller-stop: `model` leaves the stop to ours' cost model (a busy D: N-1, as above) and to the prefiller's
+    own setting under the peers' deciders (no PREFILL_STOP sent); `boundary` and `last` are sent with every remote
+    turn, ours' options narrowed to that stop (2026-11-27-h100x2-qwen3next-pd-tax-vllm033: the A/B of a stop on
+    the same engines)."""
+    from hybrid_pd.connector.contract import PREFILL_STOP
+
+    async def body(policy: str, stop: str, streams: int):
+        async with kv_cluster(pd_policy=policy, prefiller_stop=stop, log_placement=True) as (proxy, p, d1, d2, pubs):
+            # P's events tell the proxy the groups (the aligned block: 4 tokens, a boundary 4 tokens below the end)
+            await warm(proxy, pubs[0], p.url, [stored(HASHES[:1], 0, "full_attention"), stored(HASHES[:1], 1, "mamba")])
+            for w in proxy.state.pool.all("decode"):
+                w.engine = EngineLoad(running=streams, waiting=0)
+            status, _ = await post(proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+            assert status == 200
+            return [c.body["kv_transfer_params"].get(PREFILL_STOP) for c in p.generate_calls]
+
+    from hybrid_pd.proxy.workers import EngineLoad
+
+    def options() -> set[str]:
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("placement ") and " -> " in
+                r.getMessage()]
+        caplog.clear()
+        return set(re.findall(r"@(boundary|last) ttft", said[-1]))
+
+    caplog.set_level(logging.INFO, logger="hybrid_pd.proxy")
+    assert run(body("always-remote", "model", 0)) == [None]
+    assert run(body("always-remote", "last", 0)) == ["last"]
+    assert run(body("always-remote", "boundary", 0)) == ["boundary"]
+    caplog.clear()
+    assert run(body("ours", "model", 7)) == ["last"] and options() == {"boundary", "last"}
+    # ours with the boundary named: its only remote option; D's tail after it stalls D's 7 streams as D alone
+    # would, so D serves the turn
+    assert run(body("ours", "boundary", 7)) == [] and options() == {"boundary"}
+    assert run(body("ours", "last", 7)) == ["last"] and options() == {"last"}
+
+
 def test_a_turn_d_serves_alone_queues_its_uncached_tokens_on_d_until_its_first_token():
     """What the next turn's placement reads as D's queue (its WorkerView's queued_tokens): a turn D serves alone
     counts the prompt tokens D still computes for it from the moment it is sent until its first token, so that

@@ -5,7 +5,8 @@
 # CUDA graphs unless GRAPHS says otherwise; agentic 8k at c = CONC (default 1,8,32); every engine at
 # --gpu-memory-utilization UTIL (default 0.28, as the one-GPU runs). Each line appends to /root/res/done.txt
 # ("j2-all" at the end). Ours' variants: always-remote (every turn through P: its phase probe gives our PD tax where
-# ours serves the probe on D alone, merge.py pd_overhead_ms_c1), the peers' deciders, the ITL objective, ours
+# ours serves the probe on D alone, merge.py pd_overhead_ms_c1; again with P computing N-1, --prefiller-stop last,
+# pd_overhead_ms_c1_at_n_minus_1), the peers' deciders, the ITL objective, ours
 # without the next turn's term and ours without the prefiller's queue term (each an A/B on the engines that served
 # ours; --early-decode gained nothing in 2026-11-26-h100x2-qwen3next-judged-vllm033-r2); VARIANTS: another list
 # (";"). COLD_C8=1 (default) first runs ours at c=8 alone on fresh engines and a fresh proxy (part
@@ -18,7 +19,7 @@ more=(--concurrency "${CONC:-1,8,32}" --prefill-gpu 0 --decode-gpu 1 --util "${U
 [ -n "${VLLM_ARGS:-}" ] && more+=(--vllm-args="$VLLM_ARGS")
 run qwen3next upstream j2 "${more[@]}"
 [ "${COLD_C8:-1}" = 1 ] && run qwen3next hybrid-pd-1p1d j2 "${more[@]}" --concurrency 8 --tag -cold
-peers=${VARIANTS:-"--pd-policy always-remote;--pd-policy isl-bounding;--pd-policy non-cached-tokens;--itl-slo-ms ${ITL_SLO_MS:-60};--no-next-turn;--no-prefiller-queue"}
+peers=${VARIANTS:-"--pd-policy always-remote;--pd-policy always-remote --prefiller-stop last;--pd-policy isl-bounding;--pd-policy non-cached-tokens;--itl-slo-ms ${ITL_SLO_MS:-60};--no-next-turn;--no-prefiller-queue"}
 run qwen3next hybrid-pd-1p1d j2 --proxy-variants="$peers" "${more[@]}"
 run qwen3next colocated j2 "${more[@]}"
 echo j2-all >> "$R/done.txt"
