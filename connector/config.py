@@ -34,7 +34,9 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
                                                                   block of each run of its first N loads, before
                                                                   it checks them
                         HYBRID_PD_TEST_CORRUPT_KIND    flip       tests only: `flip` as above, or `zero-state`:
-                                                                  zero every landed Mamba block instead
+                                                                  zero every landed Mamba block instead, or
+                                                                  `scramble-attention`: noise in the last landed
+                                                                  block of each attention group
                         HYBRID_PD_TRANSFER_RESULTS     (unset)    `legacy`: vLLM < 0.32's failed-load path
                         VLLM_SSM_CONV_STATE_LAYOUT     (unset)    must be DS for a model with Mamba groups
 
@@ -57,7 +59,7 @@ from hybrid_pd.connector.transport import nixl_backend
 
 T = TypeVar("T")
 FALSE_WORDS = ("0", "false", "no")
-CORRUPT_KINDS = ("flip", "zero-state")  # the test hook's ways of spoiling landed bytes
+CORRUPT_KINDS = ("flip", "zero-state", "scramble-attention")  # the test hook's ways of spoiling landed bytes
 
 
 @dataclass(frozen=True)

@@ -32,17 +32,37 @@ class KvCacheLayout:
 
     def corrupter(self, kind: str, group_kinds: list[str]) -> Callable[[Iterable[Any]], None]:
         """The test hooks HYBRID_PD_TEST_CORRUPT_READS and _KIND: "flip" flips the first word of each landed run's
-        first block; "zero-state" zeroes every landed Mamba block (the state D resumes from is all zeros)."""
+        first block; "zero-state" zeroes every landed Mamba block (the state D resumes from is all zeros);
+        "scramble-attention" overwrites the last landed block of each attention group (the one nearest the
+        boundary: runs come in the request's block order) with noise four times its own largest magnitude, in
+        every layer of the group, the state untouched."""
 
         def corrupt(runs: Iterable[Any]) -> None:
+            last: dict[int, int] = {}
             for run in runs:
                 if kind == "flip":
                     flip_first_word(self.by_group[run.group], run.local_start)
-                elif group_kinds[run.group] == "mamba":
+                elif kind == "zero-state" and group_kinds[run.group] == "mamba":
                     for t in self.by_group[run.group]:
                         t[run.local_start : run.local_start + run.count].zero_()
+                elif kind == "scramble-attention" and group_kinds[run.group] == "attention":
+                    last[run.group] = run.local_start + run.count - 1
+            for group, block in last.items():
+                for layer, t in enumerate(self.by_group[group]):
+                    scramble_block(t, block, seed=layer)
 
         return corrupt
+
+
+def scramble_block(t: Any, block: int, seed: int) -> None:
+    """Test hook: block `block` of tensor `t` becomes seeded Gaussian noise scaled to 4x the block's largest
+    magnitude (so that attention over it reads neither its keys nor its values)."""
+    import torch
+
+    scale = 4.0 * max(float(t[block].abs().max()), 1.0)
+    gen = torch.Generator(device=t.device).manual_seed(seed)
+    noise = torch.randn(t[block].shape, generator=gen, device=t.device, dtype=torch.float32)
+    t[block].copy_(noise * scale)
 
 
 def kv_cache_layout(kv_caches: dict[str, Any], kv_cache_groups: list[Any]) -> KvCacheLayout:

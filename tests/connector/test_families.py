@@ -64,6 +64,7 @@ def family(request, engine_set):
         "p": ("prefill", "hybrid", "0", model, {"HYBRID_PD_LEASE_S": "10", **env}),
         "d": ("decode", "hybrid", "1", model, env),
         "d_zero": ("decode", "hybrid", "1", model, controls.ZERO_STATE_ENV | env),  # zeroes every state it reads
+        "d_scramble": ("decode", "hybrid", "1", model, controls.SCRAMBLE_ENV | env),  # noise in an attention block
     }, FAMILY_VLLM_ARGS.get(request.param, ()))
     ref = engines.up("ref")["ref"]
     block = aligned_block(engines, "ref")
@@ -173,17 +174,14 @@ def test_decoder_alone_turn_moves_when_the_shipped_bytes_are_wrong(family, contr
     """A turn served by D alone from a boundary whose shipped bytes were spoiled (tests/support/controls.py), D
     computing the last two prompt tokens or a long tail itself: D's answer must move away from one engine's. From
     healthy bytes it stays within the tolerance."""
-    decoder = "d_zero" if control == "zeroed state" else "d"
-    urls = family["engines"].up("p", decoder)
+    decoder = controls.OWN_DECODER.get(control, "d")
+    ahead = ("d_scramble",) if decoder == "d_zero" else ()  # the next decoder starts beside this one
+    urls = family["engines"].up("p", decoder, ahead=ahead)
     kinds = controls.group_kinds(family["engines"].logs["p"])
     moved = controls.check(urls["p"], urls[decoder], kinds, family["controls"][tail], control, family["block"])
     controls.report(family["name"], moved)
     if control == "healthy":
         PARITY[f"{family['name']}: decoder-alone turn, control prompt, {tail} tail"] = moved.top1_delta
         assert moved.same_greedy and moved.top1_delta <= tolerance(), moved
-    elif tail == "long":
-        controls.expect_long_tail_control(family["name"], moved)
-    elif control == "attention wrong":
-        controls.expect_attention_control(family["name"], moved)
     else:
-        controls.expect_state_control(family["name"], moved)
+        controls.expect_moved(family["name"], moved, tail)

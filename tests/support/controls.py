@@ -10,6 +10,8 @@ bytes:
     other prompt        attention and state of another prompt of the same length, at the same boundary
     state wrong         attention right, the state of another prompt
     attention wrong     state right, the last attention block before the boundary from another prompt
+    attention scrambled state right, noise in the last attention block before the boundary (on D, as it lands:
+                        HYBRID_PD_TEST_CORRUPT_KIND=scramble-attention): D must read the attention blocks P sent
 
 Mixed parameters carry no digests: D checks none, as with digests off. Two tails (prefill/dev/tiny_training.py):
 
@@ -83,16 +85,22 @@ ZERO_STATE_REREAD_WHY = ("a zeroed state past a long tail: this build reads the 
                          "blocks (tests/support/controls.py, ZERO_STATE_REREAD)")
 KINDS = ("healthy", "other prompt", "state wrong", "attention wrong", "zeroed state")  # zeroed last: its own D
 LONG_KINDS = ("healthy", "other prompt", "state wrong", "zeroed state")
+# spoiled on D as they land, each on a decoder of its own (test_families.py): the zeroed state, then the scrambled
+# attention block, with both tails
+OWN_DECODER = {"zeroed state": "d_zero", "attention scrambled": "d_scramble"}
 LONG_TAIL = 150  # tokens D computes itself after the boundary in the long-tail controls
 # (control, tail) in the order the tests run them: the zeroed state's last, on its own decoder
 CASES = ([(k, "short") for k in KINDS[:-1]] + [(k, "long") for k in LONG_KINDS[:-1]]
-         + [("zeroed state", "short"), ("zeroed state", "long")])
+         + [(k, t) for k in OWN_DECODER for t in ("short", "long")])
 STATE_KINDS = ("other prompt", "state wrong", "zeroed state")  # the state D resumes from is wrong
 SALTS = {"healthy": (61, None), "zeroed state": (62, None), "other prompt": (63, 73), "state wrong": (64, 74),
-         "attention wrong": (65, 75)}  # (prompt, other prompt) per control; the long tail's: these + 100
+         "attention wrong": (65, 75), "attention scrambled": (66, None)}  # (prompt, other prompt) per control; the
+# long tail's: these + 100
 # D's environment for the zeroed-state control: the test hook zeroes every Mamba block each READ lands
 ZERO_STATE_ENV = {"HYBRID_PD_KV_DIGESTS": "0", "HYBRID_PD_TEST_CORRUPT_READS": "1000000",
                   "HYBRID_PD_TEST_CORRUPT_KIND": "zero-state"}
+# and for the scrambled attention block: noise in the last attention block each READ lands
+SCRAMBLE_ENV = ZERO_STATE_ENV | {"HYBRID_PD_TEST_CORRUPT_KIND": "scramble-attention"}
 
 
 @dataclass
@@ -212,6 +220,20 @@ def expect_attention_control(family: str, moved: Moved) -> None:
     else:
         _strict_xfail(moved, ATTENTION_UNREAD, f"{family}: a wrong attention block moved the answer, {moved}: add it "
                       "to READS_ATTENTION")
+
+
+def expect_moved(family: str, moved: Moved, tail: str) -> None:
+    """What a spoiled control (any but "healthy") must do to `family`'s answer, D computing the `tail` itself. The
+    scrambled attention block: every family reads its attention blocks (D computes its tail over them), so noise in
+    the last one must move the answer past the tolerance, with either tail."""
+    if moved.label == "attention scrambled":
+        assert_past_tolerance(moved)
+    elif tail == "long":
+        expect_long_tail_control(family, moved)
+    elif moved.label == "attention wrong":
+        expect_attention_control(family, moved)
+    else:
+        expect_state_control(family, moved)
 
 
 def expect_long_tail_control(family: str, moved: Moved) -> None:
