@@ -316,6 +316,40 @@ class _CountingTransport:
         return self.transport.is_closing()
 
 
+def test_a_whole_answer_written_at_once_is_the_bytes_uvicorns_send_writes(monkeypatch):
+    """Request.respond writes a whole answer itself (_HeadWithBody.respond_now) rather than through uvicorn's
+    send: the bytes on the wire are send's, on a kept connection, one the client closes, an HTTP/1.0 one, and
+    on a draining server's (Connection: close)."""
+    from hybrid_pd.proxy.http import server as server_module
+
+    requests = (post("/a", b"x"), post("/b", b"", b"Connection: close\r\n"), b"POST /c HTTP/1.0\r\n\r\n")
+
+    async def answers() -> list[bytes]:
+        app = App()
+        srv = await HTTPServer.start("127.0.0.1", 0, app, DEFAULT_LIMITS)
+        out = []
+        try:
+            for draining in (False, True):
+                srv.draining = draining
+                for request in requests:
+                    reader, writer = await connect(srv.port)
+                    writer.write(request)
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                    length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+                    raw = head + await asyncio.wait_for(reader.readexactly(length), 5)
+                    out.append(b"\r\n".join(x for x in raw.split(b"\r\n") if not x.startswith(b"date: ")))
+                    writer.close()
+        finally:
+            await srv.stop()
+        return out
+
+    written_at_once = run(answers())
+    monkeypatch.setattr(server_module._HeadWithBody, "respond_now", lambda self, *a: False)
+    through_send = run(answers())
+    assert written_at_once == through_send
+    assert [b"connection: close" in raw for raw in written_at_once] == [False, True, True, True, True, True]
+
+
 def test_an_answer_leaves_in_one_write_with_its_head(monkeypatch):
     """uvicorn writes a head alone and then the body: the server holds the head for the body's first bytes. A
     whole answer is one write; a stream's head leaves with its first part; a HEAD answer (no body bytes) and a
@@ -325,7 +359,7 @@ def test_an_answer_leaves_in_one_write_with_its_head(monkeypatch):
     writes: list[bytes] = []
     real = server_module._HeadWithBody.__init__
     monkeypatch.setattr(server_module._HeadWithBody, "__init__",
-                        lambda self, t, flow: real(self, _CountingTransport(t, writes), flow))
+                        lambda self, t, flow, cycle: real(self, _CountingTransport(t, writes), flow, cycle))
 
     async def body():
         async with server() as (app, port):
