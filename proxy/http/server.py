@@ -226,7 +226,8 @@ class _HeadWithBody:
     CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
     def __init__(self, transport: asyncio.Transport, flow: FlowControl, cycle: RequestResponseCycle):
-        self.transport, self.flow, self.cycle = transport, flow, cycle
+        self.transport, self.flow = transport, flow
+        self.cycle: RequestResponseCycle | None = cycle  # until the request's handler returns (server._asgi)
         self._head: bytes | None = None
         self._held_once = False
 
@@ -236,7 +237,8 @@ class _HeadWithBody:
         `send` must write it: the answer began, the client is gone or lags, the request is a HEAD, an access log."""
         cycle = self.cycle
         if (
-            self._held_once
+            cycle is None  # (the request's handler has returned)
+            or self._held_once
             or cycle.response_started
             or cycle.disconnected
             or self.flow.write_paused
@@ -449,6 +451,7 @@ class HTTPServer:
                 await request.respond(500, error_body(500, "internal_error", "internal proxy error"))
         finally:
             cycle.on_client_gone = None
+            cycle.transport.cycle = None  # (cycle and transport refer to each other: no work left for the collector)
         if not request.started:
             await request.respond(500, error_body(500, "internal_error", "the proxy gave no answer"))
 
