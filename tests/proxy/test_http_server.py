@@ -370,7 +370,8 @@ def test_a_request_leaves_no_reference_cycle_for_the_collector():
                 await asyncio.sleep(0.05)
                 app.seen.clear()
                 gc.collect()
-                kept.update({type(o).__name__ for o in gc.garbage} & {"RequestResponseCycle", "_HeadWithBody", "Request"})
+                names = {type(o).__name__ for o in gc.garbage}
+                kept.update(names & {"RequestResponseCycle", "_HeadWithBody", "Request"})
             finally:
                 gc.set_debug(0)
                 gc.garbage.clear()
