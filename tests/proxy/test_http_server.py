@@ -317,7 +317,7 @@ class _CountingTransport:
 
 
 def test_a_whole_answer_written_at_once_is_the_bytes_uvicorns_send_writes(monkeypatch):
-    """Request.respond writes a whole answer itself (_HeadWithBody.respond_now) rather than through uvicorn's
+    """Request.respond writes a whole answer itself (HeadWithBody.respond_now) rather than through uvicorn's
     send: the bytes on the wire are send's, on a kept connection, one the client closes, an HTTP/1.0 one, and
     on a draining server's (Connection: close)."""
     from hybrid_pd.proxy.http import server as server_module
@@ -344,7 +344,7 @@ def test_a_whole_answer_written_at_once_is_the_bytes_uvicorns_send_writes(monkey
         return out
 
     written_at_once = run(answers())
-    monkeypatch.setattr(server_module._HeadWithBody, "respond_now", lambda self, *a: False)
+    monkeypatch.setattr(server_module.HeadWithBody, "respond_now", lambda self, *a: False)
     through_send = run(answers())
     assert written_at_once == through_send
     assert [b"connection: close" in raw for raw in written_at_once] == [False, True, True, True, True, True]
@@ -371,7 +371,7 @@ def test_a_request_leaves_no_reference_cycle_for_the_collector():
                 app.seen.clear()
                 gc.collect()
                 names = {type(o).__name__ for o in gc.garbage}
-                kept.update(names & {"RequestResponseCycle", "_HeadWithBody", "Request"})
+                kept.update(names & {"RequestResponseCycle", "HeadWithBody", "Request"})
             finally:
                 gc.set_debug(0)
                 gc.garbage.clear()
@@ -388,8 +388,8 @@ def test_an_answer_leaves_in_one_write_with_its_head(monkeypatch):
     from hybrid_pd.proxy.http import server as server_module
 
     writes: list[bytes] = []
-    real = server_module._HeadWithBody.__init__
-    monkeypatch.setattr(server_module._HeadWithBody, "__init__",
+    real = server_module.HeadWithBody.__init__
+    monkeypatch.setattr(server_module.HeadWithBody, "__init__",
                         lambda self, t, flow, cycle: real(self, _CountingTransport(t, writes), flow, cycle))
 
     async def body():
