@@ -51,6 +51,7 @@ _OUTPUT_ONLY_FIELDS = (
     "logit_bias",
     "suffix",
 )
+_OUTPUT_ONLY = frozenset(_OUTPUT_ONLY_FIELDS)
 _CHAT_TOKENIZE_FIELDS = (
     "messages",
     "tools",
@@ -99,7 +100,9 @@ class OpenAIRequest:
         return out
 
     def prefill_body(self, forward_token_ids: bool) -> dict[str, Any]:
-        body = {k: v for k, v in self._worker_body(forward_token_ids).items() if k not in _OUTPUT_ONLY_FIELDS}
+        body = self._worker_body(forward_token_ids)  # (a copy of its own)
+        for k in _OUTPUT_ONLY.intersection(body):
+            del body[k]
         body["max_tokens"] = 1
         if self.endpoint == "chat":
             body["max_completion_tokens"] = 1
@@ -193,6 +196,8 @@ def _check_output_fields(body: dict[str, Any], endpoint: Endpoint, stream: bool)
     """Fields P never sees (they shape only the output) are judged by D alone, after P computed the prompt and
     leased its blocks: the cheap part of D's judgement is made here, before P is called, in vLLM's words. Only
     values vLLM refuses are refused (a value of another type is left to D, whose parser may coerce it)."""
+    if _OUTPUT_CHECKED.isdisjoint(body):  # (each check below needs one of these fields; most requests have none)
+        return
     n, best_of, min_tokens = _int(body, "n"), _int(body, "best_of"), _int(body, "min_tokens")
     if body.get("stream_options") is not None and not stream:
         raise BadRequest("Stream options can only be defined when `stream=True`.", param="stream_options")
@@ -220,6 +225,9 @@ def _check_output_fields(body: dict[str, Any], endpoint: Endpoint, stream: bool)
     logprobs = _int(body, "logprobs")
     if endpoint == "completions" and logprobs is not None and logprobs < 0:
         raise BadRequest("`logprobs` must be a non-negative value.", param="logprobs")
+
+
+_OUTPUT_CHECKED = frozenset(("stream_options", "n", "best_of", "min_tokens", "top_logprobs", "logprobs"))
 
 
 def _int(body: dict[str, Any], name: str) -> int | None:

@@ -72,10 +72,14 @@ class PDFlow:
         """Run the flow for a parsed request and answer it; ProxyErrors propagate to the app's error boundary
         (when nothing was sent yet)."""
         started = time.perf_counter()
-        headers = {k: request.headers[k] for k in FORWARDED_HEADERS if k in request.headers}
-        headers["X-Request-Id"] = request.headers.get("x-request-id") or f"{_ID_PREFIX}{next(_ids)}"
+        received = request.headers
+        headers = {}
+        for k in FORWARDED_HEADERS:
+            if k in received:
+                headers[k] = received[k]
+        headers["X-Request-Id"] = received.get("x-request-id") or f"{_ID_PREFIX}{next(_ids)}"
         context = RequestContext(
-            session=request.headers.get(self.config.routing.session_header) or body.user,
+            session=received.get(self.config.routing.session_header) or body.user,
             token_ids=body.token_ids,
             cache_salt=_str_or_none(body.body.get("cache_salt")),
             hash_algo=self.config.kv.hash_algo,
@@ -117,7 +121,9 @@ class PDFlow:
 
     def _pick(self, role: Role, context: RequestContext, exclude: Worker | None = None) -> Worker:
         router = self.state.decode_router if role == "decode" else self.state.prefill_router
-        workers = [w for w in self.pool.admitted(role) if w is not exclude]
+        workers = self.pool.admitted(role)
+        if exclude is not None:
+            workers = [w for w in workers if w is not exclude]
         worker = router.pick(context, workers)
         self.record.routed(role, router.label, worker.url)
         return worker

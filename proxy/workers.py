@@ -108,6 +108,10 @@ class WorkerPool:
             return self._workers["prefill"] + self._workers["decode"]
         return list(self._workers[role])
 
+    def has(self, role: Role) -> bool:
+        """Whether any worker of the role is in the pool (admitted or not): all(role) without its copy."""
+        return bool(self._workers[role])
+
     def admitted(self, role: Role) -> list[Worker]:
         return [w for w in self._workers[role] if w.healthy and not w.terminating]
 

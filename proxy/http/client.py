@@ -57,13 +57,39 @@ class _Connection(asyncio.Protocol):
         self._got_bytes = False  # some of the current answer arrived (a close is no longer a stale connection)
         self._paused = False
         self._left_behind: Leave | None = None  # the answer in progress was left behind by its caller
+        # The head's deadline (loop time; None once its caller stopped waiting), checked by one timer per
+        # connection, armed for the earliest deadline still to come, instead of a timer armed and cancelled per
+        # request (about 1.8 us each on uvloop; deadlines of one connection's requests mostly come later and later)
+        self.head_deadline: float | None = None
+        self._watch: asyncio.TimerHandle | None = None
+        self._watch_at = 0.0
 
     # ---- the client side ---------------------------------------------------------------------------------
-    def send(self, data: bytes) -> asyncio.Future:
-        self._head = self.loop.create_future()
+    def send(self, data: bytes, deadline: float) -> asyncio.Future:
+        """Send a request; the returned future gets its Response once the head arrived, or TimeoutError at
+        `deadline` (a loop time) unless head_deadline was cleared before."""
+        self._head = fut = self.loop.create_future()
         self._resp, self._got_bytes = None, False
+        self.head_deadline = deadline
+        if self._watch is None or self._watch_at > deadline:
+            self._watch_until(deadline)
         self.transport.write(data)  # type: ignore[union-attr]  # (set before the pool hands it out)
-        return self._head
+        return fut
+
+    def _watch_until(self, deadline: float) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        self._watch, self._watch_at = self.loop.call_at(deadline, self._check_deadline), deadline
+
+    def _check_deadline(self) -> None:
+        self._watch = None
+        deadline, head = self.head_deadline, self._head
+        if deadline is None or head is None or head.done() or self.closed:
+            return
+        if self.loop.time() + 0.001 >= deadline:  # (uvloop's clock and timers count milliseconds)
+            expire(head)
+        else:
+            self._watch_until(deadline)
 
     def abort(self) -> None:
         if not self.closed:
@@ -104,6 +130,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         resp = self._resp
         if resp is not None:
             if self._until_close and exc is None:
@@ -222,8 +251,7 @@ class HTTPPool:
         data += b"\r\n\r\n" + body if body is not None else b"\r\n\r\n"
         for _ in (0, 1):
             conn = self._idle_one(key) or await self._connect(loop, key, deadline)
-            fut = conn.send(data)
-            timer = loop.call_at(deadline, expire, fut)
+            fut = conn.send(data, deadline)
             try:
                 return await fut
             except Disconnected as e:
@@ -236,7 +264,7 @@ class HTTPPool:
                     conn.leave(fut, None, leave)
                 raise
             finally:
-                timer.cancel()
+                conn.head_deadline = None
         raise Disconnected()  # pragma: no cover - the loop returns or raises
 
     def idle_count(self, base: str) -> int:

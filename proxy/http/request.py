@@ -24,11 +24,14 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class Connection(Protocol):
-    """The client's connection as Request.writer gives it (server.py's)."""
+    """The client's connection (server.py's): Request.writer gives it out for a stream's middle parts, and
+    Request.respond writes a whole answer through it where it can (respond_now)."""
 
     def can_write_now(self) -> bool: ...
 
     def write_now(self, data: bytes) -> None: ...
+
+    def respond_now(self, status: int, content_type: str, body: bytes, close: bool) -> bool: ...
 
 
 class Request:
@@ -79,6 +82,9 @@ class Request:
         """The whole answer."""
         assert not self.started, "the answer has begun already"
         self.started = self.done = True
+        conn = self._conn
+        if conn is not None and not headers and conn.respond_now(status, content_type, body, self.close):
+            return  # (written at once, as the server's send would write it)
         await self._send(self._start(status, content_type, headers, len(body)))
         await self._send({"type": "http.response.body", "body": body})
 

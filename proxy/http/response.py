@@ -71,7 +71,10 @@ class Response:
 
     def __init__(self, conn: Wire, status: int, headers: dict[str, str]):
         self.status, self.headers, self._conn = status, headers, conn
-        self.content_type = headers.get("content-type", "application/octet-stream").split(";", 1)[0].strip().lower()
+        content_type = headers.get("content-type", "application/octet-stream")
+        if content_type != "application/json":  # (what a worker's JSON answer says, as it is)
+            content_type = content_type.split(";", 1)[0].strip().lower()
+        self.content_type = content_type
         self._chunks: list[bytes] = []
         self._done = False
         self._exc: BaseException | None = None

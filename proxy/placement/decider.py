@@ -48,11 +48,10 @@ class Decider:
         """The policy's decision (disagg.py); the cost model runs only past the shared gates."""
         cfg, context, body, state = self.config, turn.context, turn.body, self.state
         prompt_tokens = len(context.token_ids) if context.token_ids else None
-        prefillers = state.pool.admitted("prefill")
         block = aligned_block(state.kv_index.specs)
         turn.streams = decoder.streams  # every proxy's streams where D's /metrics are read
         turn.decided = time.perf_counter()
-        has_prefillers = bool(state.pool.all("prefill"))
+        has_prefillers = state.pool.has("prefill")
         gated = gate(
             cfg,
             eligible=body.single_prompt,
@@ -62,7 +61,7 @@ class Decider:
         )
         policy, attention_hit = cfg.pd_policy, None
         if gated is None and prompt_tokens is not None:
-            if policy == "ours" and prefillers:
+            if policy == "ours" and (prefillers := state.pool.admitted("prefill")):
                 turn.placement = self._place(context, decoder, prefillers, prompt_tokens, block)
                 turn.diverged = self._diverged(turn, decoder, block)
                 if cfg.log_placement:

@@ -137,3 +137,33 @@ def test_the_callbacks_the_subclass_writes_out_are_still_uvicorns():
         "if name == b'expect' and value.lower() == b'100-continue':\n    self.expect_100_continue = True",
         "self.headers.append((name, value))",
     ], f"{UVICORN}: HttpToolsProtocol.on_header changed: {body['on_header']}"
+
+
+def test_the_response_complete_callback_the_subclass_writes_out_is_still_uvicorns():
+    # _Protocol.on_response_complete does uvicorn's work itself, with the keep-alive timer made the connection's
+    # lazy one (no timer armed and cancelled per request): a uvicorn whose own version does more would have that
+    # skipped, and data_received must still be where the keep-alive wait ends.
+    body = [ast.unparse(s) for s in methods(BASE)["on_response_complete"].body]
+    assert body == [
+        "self.server_state.total_requests += 1",
+        "if self.transport.is_closing():\n    return",
+        "self._unset_keepalive_if_required()",
+        "self.flow.resume_reading()",
+        "if self.pipeline:\n    cycle, app = self.pipeline.pop()\n    self._start_asgi_task(cycle, app)\nelse:\n"
+        "    self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, "
+        "self.timeout_keep_alive_handler)",
+    ], f"{UVICORN}: HttpToolsProtocol.on_response_complete changed: {body}"
+    assert "timeout_keep_alive_handler" in methods(BASE), f"{UVICORN}: timeout_keep_alive_handler is gone"
+
+
+def test_the_cycle_state_a_whole_answer_written_at_once_reads_and_sets_is_uvicorns():
+    # HeadWithBody.respond_now writes a whole answer as RequestResponseCycle.send would and leaves the cycle's
+    # state as send leaves it (test_http_server compares the bytes): every cycle attribute it touches must be one
+    # uvicorn's cycle has.
+    tree = ast.parse((ROOT / "proxy" / "http" / "head_with_body.py").read_text())
+    respond = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "respond_now")
+    used = {n.attr for n in ast.walk(respond) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id == "cycle"}
+    provided = self_attributes(CYCLE, ast.Store) | set(methods(CYCLE))
+    gone = sorted(used - provided)
+    assert not gone, f"{UVICORN}: RequestResponseCycle no longer has {gone}, which HeadWithBody.respond_now uses"
