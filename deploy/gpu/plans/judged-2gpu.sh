@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A plan for `bench_gpu.sh background` on a two-GPU machine (nvidia-h100-x2 / nvidia-h200-x2): judged.sh's
-# comparison with P on GPU 0 and D on GPU 1, as PD is deployed (no --shared-device: the benchmark sets it only
+# comparison with P on GPU 0 and D on GPU 1 (P_GPU, D_GPU: others), as PD is deployed (no --shared-device: the benchmark sets it only
 # where P and D share a GPU), and the colocated engine alone on GPU 1 (ratios per GPU: PD uses two). Decode-only
 # CUDA graphs unless GRAPHS says otherwise; agentic 8k at c = CONC (default 1,8,32); every engine at
 # --gpu-memory-utilization UTIL (default 0.28, as the one-GPU runs). Each line appends to /root/res/done.txt
@@ -15,7 +15,7 @@
 set -u
 GRAPHS=${GRAPHS:-decode}
 . deploy/gpu/plans/common.sh
-more=(--concurrency "${CONC:-1,8,32}" --prefill-gpu 0 --decode-gpu 1 --util "${UTIL:-0.28}")
+more=(--concurrency "${CONC:-1,8,32}" --prefill-gpu "${P_GPU:-0}" --decode-gpu "${D_GPU:-1}" --util "${UTIL:-0.28}")
 [ -n "${VLLM_ARGS:-}" ] && more+=(--vllm-args="$VLLM_ARGS")
 run qwen3next upstream j2 "${more[@]}"
 [ "${COLD_C8:-1}" = 1 ] && run qwen3next hybrid-pd-1p1d j2 "${more[@]}" --concurrency 8 --tag -cold
