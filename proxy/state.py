@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .admission import Admission
 from .config import ProxyConfig
 from .kv.index import KVIndex
 from .kv.prompt_keys import ChainCache
 from .metrics import ProxyMetrics
+from .placement.cost_model import PRIORS
 from .placement.online_rates import OnlineRates
 from .routing import Deps, Router
 from .tokenizer import LocalTokenizer
@@ -48,7 +49,7 @@ class ProxyState:
         metrics.worker_prompt_tokens.set_children_function(
             lambda: {(w.role, w.url): w.queued_tokens for w in pool.all()}
         )
-        rates = OnlineRates()
+        rates = OnlineRates(replace(PRIORS, align_split=config.disagg.align_split))
         metrics.placement_rates.set_children_function(lambda: {(k,): v for k, v in rates.as_dict().items()})
         metrics.placement_observations.set_children_function(
             lambda: {(k,): float(v) for k, v in rates.observations.items()}

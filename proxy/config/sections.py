@@ -174,6 +174,14 @@ class DisaggConfig:
         "the prefiller (as many as it finds there), as the decoder alone carries its stall of the decoder's streams",
         parse=boolean,
     )
+    align_split: bool = setting(
+        False,
+        "align_split",
+        "policy ours: the engines' align mode ends a prefill step at the last aligned boundary below a prompt's end "
+        "and computes the rest in one more (vLLM before 0.32); off: the state at the boundary is written inside "
+        "the prompt's last chunk (vLLM 0.32 and later), one step fewer in the cost model's prices",
+        parse=boolean,
+    )
     prefiller_stop: str = setting(
         "model",
         "prefiller_stop",

@@ -8,7 +8,7 @@ picks the option with the least TTFT among those that keep D's streams within th
     D alone             wait_D + prefill(U_d, hit_d) + steps * k * s            prefill(U_d, hit_d)
     P_i to the boundary max(f * (wait_i + prefill(U_i, hit_i)) + hop + READ(MB), the tail's step
                         wait_D) + step(k+1) + the tail's step on D
-    P_i to N-1          max(f * (wait_i + prefill(U_i', hit_i, its steps)) + hop s (one more sequence's token)
+    P_i to N-1          max(f * (wait_i + prefill(U_i', hit_i)) + hop     s (one more sequence's token)
                         + READ(MB'), wait_D) + step(k+1)
 
     N                the prompt's tokens; a hit is the joint one (attention blocks AND a checkpoint there)
@@ -18,15 +18,22 @@ picks the option with the least TTFT among those that keep D's streams within th
                      block) in an engine step of its own: a mixed step whose fixed cost every running stream
                      waits for (2026-11-26 H200 run: 37 ms where a decode step took 6.6)
     U_i'             what P_i computes to N-1 (as upstream's connector does; the only option of an attention-only
-                     model): align mode takes one more step on P (to the boundary, then the rest), and D's last
-                     token rides in a decode step. Chosen per turn: P's stop travels in its kv_transfer_params
-                     (connector/contract.py PREFILL_STOP)
-    MB               what D pulls: the KV of the tokens between its own hit and P's stop, plus one checkpoint
+                     model), in the steps its chunks need (one more where align mode splits: `align_split`), and
+                     D's last token rides in a decode step. Measured on vLLM 0.33 on the same engines
+                     (2026-11-27-h100x4-qwen3next-c1-tax-vllm033, agentic 8k, c=1, every turn through P): D's tail
+                     past the boundary took 56-77 ms, its last token 10-12; P took 95-152 ms for 1,533-5,298 tokens
+                     to N-1, 131-244 ms for 1,632-4,352 to the boundary; TTFT p50 177 against 267 ms. Chosen per
+                     turn: P's stop travels in its kv_transfer_params (connector/contract.py PREFILL_STOP)
+    MB               what D pulls: the KV of the tokens between its own hit and P's stop, plus the state at P's
+                     stop, plus at N-1 the aligned checkpoint below it where D lacks it (P ships it for D to keep,
+                     so that D can serve the next turn alone)
     prefill(U, C)    steps * step + U * (per_token + per_token_per_kctx * (C + U/2) / 1000): each computed
                      token attends over its context, C + U/2 on average; an engine step costs `step` whatever it
-                     computes (CPU-bound launch work on our GPU runs). D alone takes one step more than its chunks
-                     for a hybrid model (align mode ends a step at the last aligned boundary, then computes the
-                     rest: `local_steps`)
+                     computes (CPU-bound launch work on our GPU runs). With `align_split` (vLLM before 0.32) D
+                     alone takes one step more than its chunks for a hybrid model (align mode ends a step at the
+                     last aligned boundary, then computes the rest: `local_steps`); vLLM 0.32+ writes the state
+                     there inside the prompt's last chunk, and the tail past a pull's boundary is the only extra
+                     step (P stopped there, D computes the rest)
     step(k)          D's decode step with k streams: step_ms + step_ms_per_seq * (k - 1); s = step_ms_per_seq
     k                D's running + waiting streams
     f                P's call as measured over P's call as priced (`prefiller_call_factor`, 1 in the priors): what
@@ -64,7 +71,7 @@ The objective (`itl_slo_ms`): > 0, the least TTFT (plus the next turn's term) am
 on D's streams is within it (none within it: the least gap, i.e. protect the streams); 0, the least total delay
 the option adds: its TTFT plus the stall of each of D's k streams (what every request waiting on D pays), plus,
 remote, the delay of the requests behind it on P_i, plus, D alone, the next turn's term. Ties go to D alone (no
-hop, no bytes), then to P stopping at the boundary (fewer steps on P).
+hop, no bytes), then to P stopping at the boundary (fewer bytes).
 
 The choice is monotone (tests/proxy/test_placement.py checks it with Hypothesis): a busier D (not on a shared
 device, where P's prefill stalls D's streams too), or a larger hit on a prefiller, never moves a turn from a
@@ -110,6 +117,14 @@ class Rates:
     chunk_tokens: int = 8192  # the engine's max_num_batched_tokens: prompt tokens one step computes at most
     prefiller_call_factor: float = 1.0  # f: P's call (queue + prefill) as measured over as priced (>= 0)
     next_remote: float = 0.0  # q: the chance a turn's conversation goes on with a turn on a prefiller (0..1)
+    # align mode ends a step at the last aligned boundary below a prompt's end, then computes the rest in one more
+    # (vLLM 0.26: 2026-11-25-h100-prefill-steps); vLLM 0.32+ writes the boundary's state inside the prompt's last
+    # chunk (the kernels' prefill checkpoints: scheduler._mamba_block_aligned_split, use_internal_checkpoint)
+    align_split: bool = False
+
+    def steps(self, prompt_tokens: int, hit: int, aligned_block: int) -> int:
+        """Engine steps to compute a prompt past `hit` in one request (local_steps, as this vLLM splits)."""
+        return local_steps(prompt_tokens, hit, aligned_block, self.chunk_tokens, split=self.align_split)
 
     def prefill_ms(self, tokens: int, context: int, steps: int | None = None) -> float:
         """An engine's time to compute `tokens` prompt tokens after `context` cached ones, in `steps` engine
@@ -161,6 +176,7 @@ PRIORS = Rates(
     chunk_tokens=8192,
     prefiller_call_factor=1.0,  # neutral: the priors are P's calls alone; a deployment's load is learned online
     next_remote=0.0,  # learned online from the turns the proxy places (OnlineRates.observe_turn)
+    align_split=True,  # as the runs it was fitted on (vLLM 0.26); the proxy sets its engines' (--align-split)
 )
 
 
@@ -211,12 +227,13 @@ class Placement:
         return self.chosen.stop
 
 
-def local_steps(prompt_tokens: int, hit: int, aligned_block: int, chunk_tokens: int) -> int:
-    """Engine steps an engine takes to compute a prompt past `hit` by itself. vLLM's align mode (hybrid models)
-    ends a step at the last aligned boundary at or below the prompt's end, so that the state there can be
-    cached, and computes the rest in one more step (2026-11-25-h100-prefill-steps: 4,857 = 4,352 + 505)."""
+def local_steps(prompt_tokens: int, hit: int, aligned_block: int, chunk_tokens: int, split: bool = True) -> int:
+    """Engine steps an engine takes to compute a prompt past `hit` by itself. With `split`, vLLM's align mode
+    (hybrid models) ends a step at the last aligned boundary at or below the prompt's end, so that the state there
+    can be cached, and computes the rest in one more step (vLLM 0.26, 2026-11-25-h100-prefill-steps: 4,857 =
+    4,352 + 505); without, the chunks alone (vLLM 0.32+: the state at the boundary is written inside the chunk)."""
     chunk = max(chunk_tokens, 1)
-    if aligned_block <= 0:
+    if aligned_block <= 0 or not split:
         return max(1, math.ceil((prompt_tokens - hit) / chunk))
     boundary = (prompt_tokens // aligned_block) * aligned_block
     before = math.ceil((boundary - hit) / chunk) if boundary > hit else 0
@@ -309,6 +326,14 @@ def decoder_tail_ms(rates: Rates, n: int, tokens: int, steps: int | None = None)
     return rates.prefill_ms(tokens, n - tokens, steps)
 
 
+def pulled_mb(rates: Rates, end: int, d_hit: int, stop: str, aligned_block: int) -> float:
+    """What D pulls after P stopped at `end`: the KV of the tokens past D's own hit, the state at P's stop, and at
+    N-1 the aligned checkpoint below it where D lacks it (P ships it for D to keep)."""
+    below = end // aligned_block * aligned_block if aligned_block > 0 else 0
+    checkpoints = 1 + (stop == LAST and below > d_hit)
+    return max(end - d_hit, 0) * rates.kv_mb_per_token + checkpoints * rates.checkpoint_mb
+
+
 def next_turn_ms(rates: Rates, n: int, remotes: Sequence[Option]) -> float:
     """What D alone leaves the conversation's next turn: the warmest prefiller, which a remote option would have
     brought up to its stop, stays where it was, and the next turn, where it goes to a prefiller (with chance q,
@@ -328,7 +353,7 @@ def _local(
 ) -> Option:
     hit = min(max(d.hit, 0), n - 1)
     u = n - hit
-    steps = local_steps(n, hit, aligned_block, rates.chunk_tokens)
+    steps = rates.steps(n, hit, aligned_block)
     prefill = decoder_tail_ms(rates, n, u, steps)
     wait = d_queue_ms(rates, d)
     ttft = wait + prefill + steps * rates.step_ms_per_seq * k  # D's streams decode in each of those steps
@@ -354,12 +379,10 @@ def _remote(
     end = n - remote_tail(n, aligned_block, stop)  # where P stops
     p_hit = min(max(p.hit, 0), end)
     u = max(end - p_hit, 1 if end > 0 else 0)  # P computes at least one token per call
-    # to N-1 in align mode P ends a step at the last boundary below it, then computes the rest
-    p_steps = local_steps(end, p_hit, aligned_block, rates.chunk_tokens) if stop == LAST else rates.chunks(u)
+    p_steps = rates.steps(end, p_hit, aligned_block) if stop == LAST else rates.chunks(u)
     d_hit = min(max(d.hit, 0), n - 1)
-    pulled = max(end - d_hit, 0)  # D keeps its own hit and pulls the rest up to P's stop
     on_d = n - max(end, d_hit)  # then computes what is left: the tail, or less where it holds more
-    read_mb = pulled * rates.kv_mb_per_token + rates.checkpoint_mb  # P's state at its stop crosses
+    read_mb = pulled_mb(rates, end, d_hit, stop, aligned_block)  # D keeps its own hit and pulls the rest
     p_prefill = rates.prefill_ms(u, p_hit, p_steps)
     call_ms = queue_ms(rates, p.queued_tokens, p.load) + p_prefill  # P's part, priced
     step = rates.step(k + 1)

@@ -25,7 +25,17 @@ from ..routing import RequestContext
 from ..state import ProxyState
 from ..turn import LOCAL_PREFILL, REMOTE_PREFILL, Turn
 from ..workers import Worker
-from .cost_model import BOUNDARY, Option, Placement, WorkerView, decoder_tail_ms, local_steps, place, remote_tail
+from .cost_model import (
+    BOUNDARY,
+    LAST,
+    Option,
+    Placement,
+    WorkerView,
+    decoder_tail_ms,
+    place,
+    pulled_mb,
+    remote_tail,
+)
 from .disagg import decide, gate, is_remote
 from .peer_policies import ATTENTION_ONLY
 
@@ -176,17 +186,18 @@ class Decider:
             end = prefill_stop(turn, n, block)
             p_hit = min(turn.prefill_hit or 0, end)
             computed = max(end - p_hit, 1)
-            if turn.prefill_alone:  # to N-1, align mode takes P a step to the boundary below, then one more
-                rates.observe_prefill(computed, p_hit, local_steps(end, p_hit, block, r.chunk_tokens), turn.prefill_ms)
+            if turn.prefill_alone:
+                rates.observe_prefill(computed, p_hit, r.steps(end, p_hit, block), turn.prefill_ms)
             if ttft is not None:
                 d_hit = min(turn.decoder_hit or 0, end)
-                read = ((end - d_hit) * r.kv_mb_per_token + r.checkpoint_mb) * r.read_ms_per_mb
+                stop = LAST if end >= n - 1 else BOUNDARY
+                read = pulled_mb(r, end, d_hit, stop, block) * r.read_ms_per_mb
                 tail_ms = decoder_tail_ms(r, n, n - end)
                 rates.observe_hop(ttft - turn.prefill_ms - read - r.step(turn.streams + 1) - tail_ms)
         elif turn.mode == LOCAL_PREFILL and ttft is not None and turn.placement is not None:
             hit = turn.reported_hit if turn.reported_hit is not None else n - turn.placement.options[0].decoder_tokens
             hit = min(max(hit, 0), n - 1)
-            steps = local_steps(n, hit, block, r.chunk_tokens)
+            steps = r.steps(n, hit, block)
             rates.observe_prefill(n - hit, hit, steps, ttft - steps * r.step_ms_per_seq * turn.streams)
         if self.config.log_placement and chosen is not None and ttft is not None:
             said = outcome(chosen, ttft, turn.mode, turn.prefill_ms, rates.prefiller_call_factor)

@@ -208,6 +208,25 @@ def test_the_tail_after_the_boundary_is_a_step_on_the_decoder():
     assert p.prefiller == "p" and p.stop == LAST  # 7 streams: none of them waits for a prefill step
 
 
+def test_without_the_align_split_p_s_n_minus_1_is_a_step_cheaper_than_the_boundary():
+    """vLLM 0.32+ writes the state at the last aligned boundary inside the prompt's last chunk (align_split off):
+    P computing N-1 takes its chunks' steps, as P stopping at the boundary does, while the boundary leaves D the
+    tail in a prefill step of its own. 2026-11-27-h100x4-qwen3next-c1-tax-vllm033 (same engines, every turn through
+    P): TTFT p50 177 ms at N-1 against 267 at the boundary, D's part 10-12 ms against 56-77; ours with its own
+    decider served all 10 turns on D alone (p50 157). Warm turn 1 of its probe: 6,951 tokens, 4,896 held by both."""
+    rates = dataclasses.replace(PRIORS, align_split=False)
+    assert local_steps(4857, 0, 544, 8192, split=False) == 1 and rates.steps(4857, 0, 544) == 1
+    idle = place(6951, WorkerView("d", 4896), [WorkerView("p", 4896)], rates, aligned_block=544)
+    local, boundary, last = idle.options
+    assert idle.local  # D idle, holding the turn before: D alone, one step
+    assert last.ttft_ms < boundary.ttft_ms - 0.5 * rates.prefill_step_ms  # the tail's step on D
+    assert last.read_mb == pytest.approx(boundary.read_mb + (6950 - 6528) * rates.kv_mb_per_token + rates.checkpoint_mb)
+    busy = place(6951, WorkerView("d", 4896, load=7), [WorkerView("p", 4896)], rates, aligned_block=544)
+    assert busy.prefiller == "p" and busy.stop == LAST
+    split = place(6951, WorkerView("d", 4896), [WorkerView("p", 4896)], PRIORS, aligned_block=544)
+    assert PRIORS.align_split and abs(split.options[2].ttft_ms - split.options[1].ttft_ms) < 1  # vLLM 0.26: a wash
+
+
 def test_a_prefillers_queue_is_steps_of_batched_chunks():
     """An engine step batches several queued prompts' chunks: 8 queued prompts of 2,000 tokens are 2 steps of
     8,192, not 8; a worker running requests whose tokens this proxy does not know costs one step."""

@@ -225,7 +225,7 @@ def test_each_placed_turn_feeds_q_and_d_alone_carries_the_next_turns_term_unless
     from hybrid_pd.proxy.workers import EngineLoad
 
     async def body(next_turn: bool, streams: int):
-        async with kv_cluster(log_placement=True, next_turn=next_turn) as (proxy, p, d1, d2, pubs):
+        async with kv_cluster(log_placement=True, next_turn=next_turn, align_split=True) as (proxy, p, d1, d2, pubs):
             held = [stored(HASHES[:2], 0, "full_attention"), stored([HASHES[1]], 1, "mamba")]
             await warm(proxy, pubs[0], p.url, held)
             for w in proxy.state.pool.all("decode"):
