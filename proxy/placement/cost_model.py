@@ -18,22 +18,17 @@ picks the option with the least TTFT among those that keep D's streams within th
                      block) in an engine step of its own: a mixed step whose fixed cost every running stream
                      waits for (2026-11-26 H200 run: 37 ms where a decode step took 6.6)
     U_i'             what P_i computes to N-1 (as upstream's connector does; the only option of an attention-only
-                     model), in the steps its chunks need (one more where align mode splits: `align_split`), and
-                     D's last token rides in a decode step. Measured on vLLM 0.33 on the same engines
-                     (2026-11-27-h100x4-qwen3next-c1-tax-vllm033, agentic 8k, c=1, every turn through P): D's tail
-                     past the boundary took 56-77 ms, its last token 10-12; P took 95-152 ms for 1,533-5,298 tokens
-                     to N-1, 131-244 ms for 1,632-4,352 to the boundary; TTFT p50 177 against 267 ms. Chosen per
-                     turn: P's stop travels in its kv_transfer_params (connector/contract.py PREFILL_STOP)
+                     model), and D's last token rides in a decode step (vLLM 0.33, H100: 10-12 ms against 56-77
+                     for the tail's step; TTFT p50 177 against 267 ms: 2026-11-27-h100x4-qwen3next-c1-tax-vllm033).
+                     Chosen per turn: P's stop travels in its kv_transfer_params (connector/contract.py PREFILL_STOP)
     MB               what D pulls: the KV of the tokens between its own hit and P's stop, plus the state at P's
                      stop, plus at N-1 the aligned checkpoint below it where D lacks it (P ships it for D to keep,
                      so that D can serve the next turn alone)
     prefill(U, C)    steps * step + U * (per_token + per_token_per_kctx * (C + U/2) / 1000): each computed
                      token attends over its context, C + U/2 on average; an engine step costs `step` whatever it
                      computes (CPU-bound launch work on our GPU runs). With `align_split` (vLLM before 0.32) D
-                     alone takes one step more than its chunks for a hybrid model (align mode ends a step at the
-                     last aligned boundary, then computes the rest: `local_steps`); vLLM 0.32+ writes the state
-                     there inside the prompt's last chunk, and the tail past a pull's boundary is the only extra
-                     step (P stopped there, D computes the rest)
+                     alone, and P to N-1, take one step more than their chunks (`local_steps`); vLLM 0.32+ writes
+                     the state at the last aligned boundary inside the prompt's last chunk
     step(k)          D's decode step with k streams: step_ms + step_ms_per_seq * (k - 1); s = step_ms_per_seq
     k                D's running + waiting streams
     f                P's call as measured over P's call as priced (`prefiller_call_factor`, 1 in the priors): what
@@ -117,10 +112,7 @@ class Rates:
     chunk_tokens: int = 8192  # the engine's max_num_batched_tokens: prompt tokens one step computes at most
     prefiller_call_factor: float = 1.0  # f: P's call (queue + prefill) as measured over as priced (>= 0)
     next_remote: float = 0.0  # q: the chance a turn's conversation goes on with a turn on a prefiller (0..1)
-    # align mode ends a step at the last aligned boundary below a prompt's end, then computes the rest in one more
-    # (vLLM 0.26: 2026-11-25-h100-prefill-steps); vLLM 0.32+ writes the boundary's state inside the prompt's last
-    # chunk (the kernels' prefill checkpoints: scheduler._mamba_block_aligned_split, use_internal_checkpoint)
-    align_split: bool = False
+    align_split: bool = False  # align mode ends a step at a prompt's last aligned boundary (vLLM < 0.32: local_steps)
 
     def steps(self, prompt_tokens: int, hit: int, aligned_block: int) -> int:
         """Engine steps to compute a prompt past `hit` in one request (local_steps, as this vLLM splits)."""
@@ -231,7 +223,8 @@ def local_steps(prompt_tokens: int, hit: int, aligned_block: int, chunk_tokens: 
     """Engine steps an engine takes to compute a prompt past `hit` by itself. With `split`, vLLM's align mode
     (hybrid models) ends a step at the last aligned boundary at or below the prompt's end, so that the state there
     can be cached, and computes the rest in one more step (vLLM 0.26, 2026-11-25-h100-prefill-steps: 4,857 =
-    4,352 + 505); without, the chunks alone (vLLM 0.32+: the state at the boundary is written inside the chunk)."""
+    4,352 + 505); without, the chunks alone: vLLM 0.32+ writes the state there inside the prompt's last chunk
+    (the kernels' prefill checkpoints: `use_internal_checkpoint` in the scheduler's _mamba_block_aligned_split)."""
     chunk = max(chunk_tokens, 1)
     if aligned_block <= 0 or not split:
         return max(1, math.ceil((prompt_tokens - hit) / chunk))
