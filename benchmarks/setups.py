@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -151,13 +153,27 @@ def launcher_argv(machine: Machine, role: str, connector: str, port: int, ready_
     return argv + (["--", *vllm_flags] if vllm_flags else [])
 
 
+def vllm_splits_at_boundary(version: str | None = None) -> bool:
+    """vLLM before 0.32 ends a prefill step at a prompt's last aligned boundary (our proxy's --align-split); later
+    ones write the state there inside the prompt's last chunk. `version`: the installed vLLM's by default."""
+    if version is None:
+        try:
+            version = importlib.metadata.version("vllm")
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    parts = re.match(r"(\d+)\.(\d+)", version)
+    return parts is not None and (int(parts[1]), int(parts[2])) < (0, 32)
+
+
 def proxy_argv(machine: Machine, port: int, prefill: list[Launched], decode: Launched, extra: tuple[str, ...] = ()
                ) -> list[str]:
-    """Our proxy's command in front of these workers (Workers.proxy), --shared-device where P and D share a GPU."""
+    """Our proxy's command in front of these workers (Workers.proxy), --shared-device where P and D share a GPU,
+    --align-split where the installed vLLM splits (vllm_splits_at_boundary)."""
     shared = isinstance(machine, Gpus) and machine.one_at_a_time
     argv = [HYBRID_PD, "proxy", "--port", str(port), "--decode", decode.url,
             "--decode-policy", "kv_hit=2,least_loaded", "--prefill-policy", "kv_hit=2,least_loaded",
-            "--log-placement", "--warm-pairs", *(["--shared-device"] if shared else []), *extra]
+            "--log-placement", "--warm-pairs", *(["--shared-device"] if shared else []),
+            *(["--align-split"] if vllm_splits_at_boundary() else []), *extra]
     for p in prefill:
         argv += ["--prefill", p.url, "--prefill-events", events_url(p)]
     if inbox := inbox_url(decode):

@@ -136,6 +136,14 @@ def test_toy_flow_sends_p_then_d_and_reports_p_hit(tmp_path: Path):
         d.shutdown()
 
 
+def test_our_proxy_is_told_that_vllm_splits_at_the_boundary_before_0_32():
+    from benchmarks.setups import vllm_splits_at_boundary
+
+    assert vllm_splits_at_boundary("0.26.0") and vllm_splits_at_boundary("0.31.2")
+    assert not vllm_splits_at_boundary("0.32.0") and not vllm_splits_at_boundary("0.33.0+cu130")
+    assert not vllm_splits_at_boundary("1.0.0") and not vllm_splits_at_boundary("dev")
+
+
 def test_our_proxy_is_told_of_a_shared_gpu_only_where_p_and_d_share_one():
     workers = [SimpleNamespace(url=f"http://127.0.0.1:{9000 + i}", argv=["--kv-events-port", str(7000 + i)])
                for i in range(2)]
