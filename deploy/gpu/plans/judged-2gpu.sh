@@ -11,15 +11,17 @@
 # ours; --early-decode gained nothing in 2026-11-26-h100x2-qwen3next-judged-vllm033-r2); VARIANTS: another list
 # (";"). COLD_C8=1 (default) first runs ours at c=8 alone on fresh engines and a fresh proxy (part
 # hybrid-pd-1p1d-cold): in 2026-11-27-h100x2-qwen3next-judged-vllm033-r3 ours led upstream at c=8 after the c=1
-# cell had taught the proxy its rates, and lost from a cold proxy.
+# cell had taught the proxy its rates, and lost from a cold proxy. KIND: the model (qwen3next, or nemotronh: build it
+# first with `bench_gpu.sh model`); J: the results' folder under /root/res and the mark ("$J-all"; default j2).
 set -u
 GRAPHS=${GRAPHS:-decode}
 . deploy/gpu/plans/common.sh
 more=(--concurrency "${CONC:-1,8,32}" --prefill-gpu "${P_GPU:-0}" --decode-gpu "${D_GPU:-1}" --util "${UTIL:-0.28}")
 [ -n "${VLLM_ARGS:-}" ] && more+=(--vllm-args="$VLLM_ARGS")
-run qwen3next upstream j2 "${more[@]}"
-[ "${COLD_C8:-1}" = 1 ] && run qwen3next hybrid-pd-1p1d j2 "${more[@]}" --concurrency 8 --tag -cold
+K=${KIND:-qwen3next} J=${J:-j2}
+run "$K" upstream "$J" "${more[@]}"
+[ "${COLD_C8:-1}" = 1 ] && run "$K" hybrid-pd-1p1d "$J" "${more[@]}" --concurrency 8 --tag -cold
 peers=${VARIANTS:-"--pd-policy always-remote;--pd-policy always-remote --prefiller-stop last;--pd-policy isl-bounding;--pd-policy non-cached-tokens;--itl-slo-ms ${ITL_SLO_MS:-60};--no-next-turn;--no-prefiller-queue"}
-run qwen3next hybrid-pd-1p1d j2 --proxy-variants="$peers" "${more[@]}"
-run qwen3next colocated j2 "${more[@]}"
-echo j2-all >> "$R/done.txt"
+run "$K" hybrid-pd-1p1d "$J" --proxy-variants="$peers" "${more[@]}"
+run "$K" colocated "$J" "${more[@]}"
+echo "$J-all" >> "$R/done.txt"
