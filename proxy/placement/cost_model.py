@@ -22,8 +22,7 @@ picks the option with the least TTFT among those that keep D's streams within th
                      for the tail's step; TTFT p50 177 against 267 ms: 2026-11-27-h100x4-qwen3next-c1-tax-vllm033).
                      Chosen per turn: P's stop travels in its kv_transfer_params (connector/contract.py PREFILL_STOP)
     MB               what D pulls: the KV of the tokens between its own hit and P's stop, plus the state at P's
-                     stop, plus at N-1 the aligned checkpoint below it where D lacks it (P ships it for D to keep,
-                     so that D can serve the next turn alone)
+                     stop, plus at N-1 the aligned checkpoint below it (P ships it for D to keep: `pulled_mb`)
     prefill(U, C)    steps * step + U * (per_token + per_token_per_kctx * (C + U/2) / 1000): each computed
                      token attends over its context, C + U/2 on average; an engine step costs `step` whatever it
                      computes (CPU-bound launch work on our GPU runs). With `align_split` (vLLM before 0.32) D
@@ -321,9 +320,10 @@ def decoder_tail_ms(rates: Rates, n: int, tokens: int, steps: int | None = None)
 
 def pulled_mb(rates: Rates, end: int, d_hit: int, stop: str, aligned_block: int) -> float:
     """What D pulls after P stopped at `end`: the KV of the tokens past D's own hit, the state at P's stop, and at
-    N-1 the aligned checkpoint below it where D lacks it (P ships it for D to keep)."""
+    N-1 the aligned checkpoint below it (P ships it for D to keep; counted whatever D holds, so that a larger hit
+    on D never makes a remote option cheaper by more than D alone: tests/proxy/test_placement.py)."""
     below = end // aligned_block * aligned_block if aligned_block > 0 else 0
-    checkpoints = 1 + (stop == LAST and below > d_hit)
+    checkpoints = 1 + (stop == LAST and below > 0)
     return max(end - d_hit, 0) * rates.kv_mb_per_token + checkpoints * rates.checkpoint_mb
 
 

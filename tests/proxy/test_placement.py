@@ -44,6 +44,7 @@ def rates(draw: st.DrawFn) -> Rates:
         chunk_tokens=draw(st.sampled_from([256, 2048, 8192, 1 << 20])),
         prefiller_call_factor=draw(st.sampled_from([1.0, 0.0]) | st.floats(0.25, 8)),  # learned online
         next_remote=draw(st.sampled_from([0.0, 1.0]) | st.floats(0, 1)),  # learned online
+        align_split=draw(st.booleans()),
     )
 
 
@@ -225,6 +226,16 @@ def test_without_the_align_split_p_s_n_minus_1_is_a_step_cheaper_than_the_bounda
     assert busy.prefiller == "p" and busy.stop == LAST
     split = place(6951, WorkerView("d", 4896), [WorkerView("p", 4896)], PRIORS, aligned_block=544)
     assert PRIORS.align_split and abs(split.options[2].ttft_ms - split.options[1].ttft_ms) < 1  # vLLM 0.26: a wash
+
+
+def test_the_checkpoint_below_n_minus_1_is_priced_whatever_the_decoder_holds():
+    """P at N-1 ships the aligned checkpoint below its stop for D to keep. Priced only where D lacked it, a D hit
+    one token longer (reaching that boundary) would make the remote option cheaper by a whole checkpoint's READ
+    while D alone got one token cheaper: a larger hit on D could then move a turn from D to P."""
+    options = [place(1089, WorkerView("d", hit), [WorkerView("p", 0)], PRIORS, aligned_block=544, stop=LAST).options[1]
+               for hit in (1087, 1088)]
+    assert options[0].read_mb - options[1].read_mb == pytest.approx(PRIORS.kv_mb_per_token)
+    assert options[1].read_mb == pytest.approx(2 * PRIORS.checkpoint_mb)
 
 
 def test_a_prefillers_queue_is_steps_of_batched_chunks():
