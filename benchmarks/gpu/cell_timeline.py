@@ -33,7 +33,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from hybrid_pd.proxy.placement.cost_model import LAST, Rates, local_steps, remote_tail
+from hybrid_pd.proxy.placement.cost_model import LAST, Rates, remote_tail
 
 if __package__:  # imported: benchmarks.gpu.cell_timeline
     from .placement_log import proxy_lines, turns
@@ -196,7 +196,7 @@ def prefill_part(option: dict, tokens: int, block: int, rates: Rates) -> float:
     end = tokens - remote_tail(tokens, block, stop)
     u = option["p"]
     hit = max(end - u, 0)
-    steps = local_steps(end, hit, block, rates.chunk_tokens) if stop == LAST else rates.chunks(u)
+    steps = rates.steps(end, hit, block) if stop == LAST else rates.chunks(u)
     return rates.prefill_ms(u, hit, steps)
 
 
@@ -265,7 +265,9 @@ def report(folder: Path, workload: str, length: int, conc: int, over_ms: float) 
             lines += ["", "The prefiller's queue term was on in this run: the remote costs above carry it (no replay)."]
         elif fitted and parts[OURS].get("block"):  # the rates the proxy had learned by the cell's end
             rates = Rates(**{k: fitted[k] for k in fitted if k in Rates.__dataclass_fields__})
-            rates = dataclasses.replace(rates, chunk_tokens=int(rates.chunk_tokens))
+            # a proxy from before --align-split existed priced vLLM 0.26's split (its rates do not name it)
+            rates = dataclasses.replace(rates, chunk_tokens=int(rates.chunk_tokens),
+                                        align_split=bool(fitted.get("align_split", 1)))
             lines += ["", *queue_table(rows, placed, parts[OURS]["block"], rates)]
     return "\n".join(lines) + "\n"
 

@@ -5,7 +5,7 @@ per-token rate, cost_model.d_queue_ms) and `quiet` (an alternative tried on 2026
 fed only from turns during which D had no other prompt of this proxy's to compute, D's queue priced in steps and
 tokens as P's is, `steps_d_queue_ms`).
 
-    python3 benchmarks/gpu/rates_replay.py RESULTS_DIR [RESULTS_DIR/fresh-c8 ...] [--block 544]
+    python3 benchmarks/gpu/rates_replay.py RESULTS_DIR [RESULTS_DIR/fresh-c8 ...] [--block 544] [--no-align-split]
 
 What it takes from the log (--log-placement, read by benchmarks/gpu/placement_log.py): each turn's decision time
 (the log line's), prompt, D's streams, D's and P's hits, the choice, its measured TTFT and P's call. What it rebuilds:
@@ -21,6 +21,7 @@ choices (a turn priced elsewhere has no measured time there).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import re
 import statistics
@@ -34,7 +35,7 @@ else:  # run as a script: its own folder is on sys.path
     from placement_log import proxy_lines, turns  # type: ignore[no-redef]
 
 from hybrid_pd.proxy.placement import cost_model
-from hybrid_pd.proxy.placement.cost_model import Rates, WorkerView, decoder_tail_ms, local_steps, place, remote_tail
+from hybrid_pd.proxy.placement.cost_model import Rates, WorkerView, decoder_tail_ms, place, remote_tail
 from hybrid_pd.proxy.placement.online_rates import OnlineRates
 
 
@@ -57,11 +58,12 @@ def decided_at(lines: list[str]) -> dict[int, float]:
     return out
 
 
-def replay(lines: list[str], block: int, quiet_only: bool) -> dict:
-    """The log's turns in the order the proxy saw their events; prices at the rates learned so far."""
+def replay(lines: list[str], block: int, quiet_only: bool, align_split: bool = True) -> dict:
+    """The log's turns in the order the proxy saw their events; prices at the rates learned so far. `align_split`:
+    as the run's proxy priced align mode's steps (on before --align-split existed; its flag since)."""
     at = decided_at(lines)
     by = {t["id"]: t for t in turns(lines) if t["id"] in at and "ttft" in t}
-    online = OnlineRates()
+    online = OnlineRates(dataclasses.replace(cost_model.PRIORS, align_split=align_split))
     todo: list[tuple[float, int, int]] = []
     for i, t in by.items():
         heapq.heappush(todo, (at[i], DECIDED, i))
@@ -105,15 +107,14 @@ def replay(lines: list[str], block: int, quiet_only: bool) -> dict:
             ratios["local_ttft"].append(t["ttft"] / priced[i][1])
             if others and quiet_only:
                 continue
-            steps = local_steps(n, d_hit, block, rates.chunk_tokens)
+            steps = rates.steps(n, d_hit, block)
             online.observe_prefill(n - d_hit, d_hit, steps, t["ttft"] - steps * rates.step_ms_per_seq * t["streams"])
             continue
         begun, answered, tokens = on_p[i]
         ratios["remote_ttft"].append(t["ttft"] / priced[i][1])
         if not any(b < answered and a > begun for j, (b, a, _) in on_p.items() if j != i):  # P ran it alone
             end = n - remote_tail(n, block, t["choice"])
-            online.observe_prefill(max(end - p_hit, 1), p_hit, local_steps(end, p_hit, block, rates.chunk_tokens),
-                                   t["p_ms"])
+            online.observe_prefill(max(end - p_hit, 1), p_hit, rates.steps(end, p_hit, block), t["p_ms"])
         if quiet_only and any(b <= x < a for b, a, _ in on_d.values() for x in (answered, now)):
             continue  # D had a prompt of its own to compute when the pulled turn reached it, or at its first token
         end = n - remote_tail(n, block, t["choice"])
@@ -123,17 +124,17 @@ def replay(lines: list[str], block: int, quiet_only: bool) -> dict:
     return {"ratios": ratios, "rates": online.rates}
 
 
-def report(folders: list[Path], block: int) -> str:
+def report(folders: list[Path], block: int, align_split: bool = True) -> str:
     out = ["| run | learning | P's call measured / priced | remote TTFT measured / predicted | D alone | "
            "remote / D alone | prefill step ms | ms a 1k tokens | hop ms | f |", "|---" * 10 + "|"]
     for folder in folders:
         lines = proxy_lines(folder / "hybrid-pd-1p1d-logs.tar.gz")
         for way in WAYS:
             if way == "as run":
-                got = replay(lines, block, quiet_only=False)
+                got = replay(lines, block, quiet_only=False, align_split=align_split)
             else:
                 with mock.patch.object(cost_model, "d_queue_ms", steps_d_queue_ms):
-                    got = replay(lines, block, quiet_only=True)
+                    got = replay(lines, block, quiet_only=True, align_split=align_split)
             ratios = got["ratios"]
             med = {k: f"{statistics.median(v):.2f} ({len(v)})" if v else "-" for k, v in ratios.items()}
             bias = (f"{statistics.median(ratios['remote_ttft']) / statistics.median(ratios['local_ttft']):.2f}"
@@ -150,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", type=Path, nargs="+")
     ap.add_argument("--block", type=int, default=544, help="the run's aligned block (Qwen3-Next shape: 544)")
+    ap.add_argument("--no-align-split", dest="align_split", action="store_false",
+                    help="the run's proxy priced no align-mode split (its default since 2026-11-27: vLLM 0.32+)")
     args = ap.parse_args(argv)
-    sys.stdout.write(report(args.folders, args.block))
+    sys.stdout.write(report(args.folders, args.block, args.align_split))
     return 0
 
 

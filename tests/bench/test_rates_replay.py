@@ -36,3 +36,13 @@ def test_learning_from_quiet_turns_prices_p_but_not_the_choice():
     assert float(quiet[5]) < 0.7 and float(as_run[5]) < 0.7
     hops = [replay(lines, 544, quiet_only=quiet)["rates"].hop_ms for quiet in (True, False)]
     assert hops[0] < 0.8 * hops[1]  # D's queue no longer learnt as the hop
+
+
+def test_without_the_split_the_replay_fits_a_dearer_step():
+    """That run's proxy priced vLLM 0.26's align-mode split (its P calls to N-1 and its D-alone prefills a step
+    more than their chunks); replayed without it (`--no-align-split`, the proxy's default since), the same
+    measured times spread over fewer steps: each step fits dearer."""
+    lines = proxy_lines(RUN / "hybrid-pd-1p1d-logs.tar.gz")
+    split, whole = (replay(lines, 544, quiet_only=False, align_split=s)["rates"] for s in (True, False))
+    assert split.align_split and not whole.align_split
+    assert whole.prefill_step_ms > split.prefill_step_ms
