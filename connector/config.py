@@ -7,8 +7,12 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
     read_timeout_s      HYBRID_PD_READ_TIMEOUT_S       30         a READ's deadline on D, seconds
     lease_s             HYBRID_PD_LEASE_S              120        how long P keeps blocks no decoder read, seconds
     ship_checkpoints    HYBRID_PD_SHIP_CHECKPOINTS     1          ship P's aligned Mamba checkpoint to D
-    prefill_to_boundary HYBRID_PD_PREFILL_TO_BOUNDARY  1          P stops at the last block boundary below the
-                                                                  prompt's end (one engine step); 0: at N-1
+    prefill_to_boundary HYBRID_PD_PREFILL_TO_BOUNDARY  auto       1: P stops at the last block boundary below the
+                                                                  prompt's end (one engine step; D computes the
+                                                                  rest); 0: at N-1; auto: N-1 where every Mamba
+                                                                  layer writes that boundary's state inside the
+                                                                  prompt's last chunk (P at N-1 is one step too:
+                                                                  vLLM 0.32+ Mamba2, 0.33 GDN), else 1
     kv_digests          HYBRID_PD_KV_DIGESTS           1          KV integrity digests (connector/integrity.py):
                                                                   P digests every block it ships; D checks this
                                                                   fraction of the blocks it read (1: all, 0: off,
@@ -76,7 +80,7 @@ class ConnectorConfig:
     idle_wait_ms: float = 0.0
     nixl_delay_us: int = 1000
     keep_affinity: bool = False
-    prefill_to_boundary: bool = True
+    prefill_to_boundary: bool | None = None  # None: auto (vllm_glue.prefill_to_boundary)
     kv_digests: float = 1.0
     params_port: int = 0
     await_timeout_s: float = 120.0
@@ -103,7 +107,7 @@ class ConnectorConfig:
             read_timeout_s=setting("read_timeout_s", "HYBRID_PD_READ_TIMEOUT_S", 30.0, float),
             lease_s=setting("lease_s", "HYBRID_PD_LEASE_S", 120.0, float),
             ship_checkpoints=setting("ship_checkpoints", "HYBRID_PD_SHIP_CHECKPOINTS", True, _flag),
-            prefill_to_boundary=setting("prefill_to_boundary", "HYBRID_PD_PREFILL_TO_BOUNDARY", True, _flag),
+            prefill_to_boundary=setting("prefill_to_boundary", "HYBRID_PD_PREFILL_TO_BOUNDARY", None, _auto_flag),
             kv_digests=setting("kv_digests", "HYBRID_PD_KV_DIGESTS", 1.0, float),
             params_port=setting("params_port", "HYBRID_PD_PARAMS_PORT", 0, int),
             await_timeout_s=setting("await_timeout_s", "HYBRID_PD_AWAIT_TIMEOUT_S", 120.0, float),
@@ -139,4 +143,13 @@ def _flag(raw: Any) -> bool:
     return str(raw).lower() not in FALSE_WORDS
 
 
-_WHAT: dict[Callable[[Any], Any], str] = {int: "an integer", float: "a number", _flag: "a flag"}
+def _auto_flag(raw: Any) -> bool | None:
+    return None if str(raw).lower() == "auto" else _flag(raw)
+
+
+_WHAT: dict[Callable[[Any], Any], str] = {
+    int: "an integer",
+    float: "a number",
+    _flag: "a flag",
+    _auto_flag: "a flag or auto",
+}

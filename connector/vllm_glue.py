@@ -84,6 +84,23 @@ def group_specs(kv_cache_config) -> list[GroupSpec]:
     return out
 
 
+def checkpoints_inside_last_chunk(kv_cache_config) -> bool:
+    """Whether vLLM writes the Mamba state at a prompt's last aligned boundary inside the chunk that crosses it
+    (every Mamba group declares prefill checkpoint blocks: vLLM 0.32+ Mamba2, 0.33 GDN), instead of ending an
+    engine step there (align mode's split, vLLM 0.26): the scheduler's `mamba_has_prefill_checkpoint_blocks`."""
+    mamba = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups if isinstance(g.kv_cache_spec, MambaSpec)]
+    return bool(mamba) and all(getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0 for spec in mamba)
+
+
+def prefill_to_boundary(configured: bool | None, kv_cache_config) -> bool:
+    """Where P stops by default (HYBRID_PD_PREFILL_TO_BOUNDARY, auto: None): at the last aligned boundary below the
+    prompt's end where vLLM would end a step there anyway, so that P takes one step and D computes the tail; at N-1
+    where it would not, since P at N-1 is one step too and D's tail would be a prefill step of its own where its
+    last token rides in a decode-shaped one (vLLM 0.33, one H100, Qwen3-Next shapes: D's part 56-77 against 10-12 ms,
+    TTFT p50 267 against 177 ms: benchmarks/results/2026-11-27-h100x4-qwen3next-c1-tax-vllm033)."""
+    return not checkpoints_inside_last_chunk(kv_cache_config) if configured is None else configured
+
+
 def _scheduler(connector: HybridPDConnector) -> SchedulerSide:
     # (a function, not a method: every method of the connector overrides vLLM's, test_vllm_compat checks it)
     assert connector.sched is not None, "vLLM calls the scheduler-side methods on the scheduler's connector only"
@@ -117,9 +134,10 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             # the engine core's own block sizes: the launcher reads the aligned block from this line where vLLM
             # logs none (it logs one only when it changes the block: the tiny Zamba2 on vLLM 0.26's GPU)
             log.info(
-                "hybrid-pd connector: KV-cache groups %s, blocks of %d tokens",
+                "hybrid-pd connector: KV-cache groups %s, blocks of %d tokens; P stops at %s by default",
                 ", ".join(f"{g.kind} {g.block_size}" for g in self.groups),
                 math.lcm(*(g.block_size for g in self.groups)) if self.groups else 0,
+                "the boundary" if prefill_to_boundary(self.config.prefill_to_boundary, kv_cache_config) else "N-1",
             )
             inbox = None
             if self.config.params_port and ktc.kv_role == "kv_consumer":
@@ -134,7 +152,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 groups=self.groups,
                 lease_s=self.config.lease_s,
                 ship_checkpoints=self.config.ship_checkpoints,
-                prefill_to_boundary=self.config.prefill_to_boundary,
+                prefill_to_boundary=prefill_to_boundary(self.config.prefill_to_boundary, kv_cache_config),
                 digests=self.config.kv_digests > 0,
                 inbox=inbox,
                 await_timeout_s=self.config.await_timeout_s,

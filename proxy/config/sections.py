@@ -186,10 +186,10 @@ class DisaggConfig:
         "model",
         "prefiller_stop",
         "where a prefiller stops computing a remote turn's prompt of a hybrid model: model (policy ours: whichever "
-        "the cost model prices lower; the other policies: the prefiller's own setting, the aligned boundary by "
-        "default); boundary (the last aligned boundary below the prompt's end: the decoder computes the rest in a "
-        "prefill step of its own); last (one token short: the decoder computes the last token in a decode-shaped "
-        "step)",
+        "the cost model prices lower; the other policies: the prefiller's own setting, HYBRID_PD_PREFILL_TO_BOUNDARY, "
+        "auto by default); boundary (the last aligned boundary below the prompt's end: the decoder computes the rest "
+        "in a prefill step of its own); last (one token short: the decoder computes the last token in a "
+        "decode-shaped step)",
         choices=PREFILLER_STOPS,
         check=one_of(*PREFILLER_STOPS),
     )

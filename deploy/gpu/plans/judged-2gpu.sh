@@ -4,7 +4,8 @@
 # where P and D share a GPU), and the colocated engine alone on GPU 1 (ratios per GPU: PD uses two). Decode-only
 # CUDA graphs unless GRAPHS says otherwise; agentic 8k at c = CONC (default 1,8,32); every engine at
 # --gpu-memory-utilization UTIL (default 0.28, as the one-GPU runs). Each line appends to /root/res/done.txt
-# ("j2-all" at the end). Ours' variants: always-remote (every turn through P: its phase probe gives our PD tax where
+# ("j2-all" at the end). Ours' variants: always-remote (every turn through P, stopping where P's connector does
+# by default: HYBRID_PD_PREFILL_TO_BOUNDARY=auto; its phase probe gives our PD tax where
 # ours serves the probe on D alone, merge.py pd_overhead_ms_c1; again with P computing N-1, --prefiller-stop last,
 # pd_overhead_ms_c1_at_n_minus_1), the peers' deciders, the ITL objective, ours
 # without the next turn's term and ours without the prefiller's queue term (each an A/B on the engines that served
