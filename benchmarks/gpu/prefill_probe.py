@@ -14,7 +14,7 @@ Per request: the client's wall time and the engine's /metrics deltas (scheduled-
 queue time, engine steps, prompt and cached tokens). No decoder runs: the P leg's own cost is what differs.
 Writes OUT/prefill-SETUP.json (--role decode: OUT/prefill-SETUP-decode.json, a decoder engine given every
 request plain, as a turn D serves alone: whether our connector slows a decoder's own prefill). With --profile,
-a last round (cold 4,858, cold 8,192, an aligned 4,352) runs under vLLM's torch profiler, and
+a last round (cold 4,858, cold 8,192, an aligned 4,352 and its extension to 6,748) runs under vLLM's torch profiler, and
 OUT/profile-SETUP.json sums its trace: GPU kernel time against the engine step's wall time, the top kernels and
 vLLM's own annotated regions.
 """
@@ -137,18 +137,19 @@ def main() -> int:
             moved = metric_deltas(before, {"p": scrape(p.url)})["p"]
             row = {"label": label, "tokens": len(ids), "p_leg": p_leg, "wall_ms": round(wall * 1e3, 2),
                    "cached": ((resp.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")}
-            for metric, name in WATCH.items():
+            for metric, field in WATCH.items():  # not `name`: the profile's file is named by it below
                 v = moved.get(metric, 0.0)
-                row[name] = round(v * 1e3, 2) if name.endswith("_ms") else v
+                row[field] = round(v * 1e3, 2) if field.endswith("_ms") else v
             result["rows"].append(row)
             log(json.dumps(row))
             part.write_text(json.dumps(result, indent=1))
         if args.profile:
             rng = random.Random(args.seed + 1)
             post_raw(p.url + "/start_profile")
-            for n in (4858, 8192, 4352):
-                body = {"model": "m", "prompt": [rng.randrange(10, 1000) for _ in range(n)], "max_tokens": 1,
-                        "stream": False, "temperature": 0}
+            base = [rng.randrange(10, 1000) for _ in range(4352)]
+            for ids in ([rng.randrange(10, 1000) for _ in range(4858)], [rng.randrange(10, 1000) for _ in range(8192)],
+                        base, base + [rng.randrange(10, 1000) for _ in range(2396)]):  # the last extends the third
+                body = {"model": "m", "prompt": ids, "max_tokens": 1, "stream": False, "temperature": 0}
                 if connector != "none":
                     body["kv_transfer_params"] = KV_PARAMS
                 post_json(p.url + "/v1/completions", body)

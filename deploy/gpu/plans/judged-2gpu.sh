@@ -21,7 +21,7 @@ more=(--concurrency "${CONC:-1,8,32}" --prefill-gpu "${P_GPU:-0}" --decode-gpu "
 [ -n "${VLLM_ARGS:-}" ] && more+=(--vllm-args="$VLLM_ARGS")
 K=${KIND:-qwen3next} J=${J:-j2}
 run "$K" upstream "$J" "${more[@]}"
-[ "${COLD_C8:-1}" = 1 ] && run "$K" hybrid-pd-1p1d "$J" "${more[@]}" --concurrency 8 --tag -cold
+[ "${COLD_C8:-1}" = 1 ] && run "$K" hybrid-pd-1p1d "$J" "${more[@]}" --concurrency 8 --tag=-cold
 peers=${VARIANTS:-"--pd-policy always-remote;--pd-policy always-remote --prefiller-stop last;--pd-policy isl-bounding;--pd-policy non-cached-tokens;--itl-slo-ms ${ITL_SLO_MS:-60};--no-next-turn;--no-prefiller-queue"}
 run "$K" hybrid-pd-1p1d "$J" --proxy-variants="$peers" "${more[@]}"
 run "$K" colocated "$J" "${more[@]}"
