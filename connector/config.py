@@ -9,10 +9,11 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
     ship_checkpoints    HYBRID_PD_SHIP_CHECKPOINTS     1          ship P's aligned Mamba checkpoint to D
     prefill_to_boundary HYBRID_PD_PREFILL_TO_BOUNDARY  auto       1: P stops at the last block boundary below the
                                                                   prompt's end (one engine step; D computes the
-                                                                  rest); 0: at N-1; auto: N-1 where every Mamba
-                                                                  layer writes that boundary's state inside the
-                                                                  prompt's last chunk (P at N-1 is one step too;
-                                                                  connector/vllm_glue.py), else 1
+                                                                  rest); 0: at N-1; auto: N-1 on a GPU (D's last
+                                                                  token then rides a decode step in a CUDA graph)
+                                                                  and where every Mamba layer writes that
+                                                                  boundary's state inside the prompt's last chunk,
+                                                                  else 1 (connector/vllm_glue.py)
     kv_digests          HYBRID_PD_KV_DIGESTS           1          KV integrity digests (connector/integrity.py):
                                                                   P digests every block it ships; D checks this
                                                                   fraction of the blocks it read (1: all, 0: off,

