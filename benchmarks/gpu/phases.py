@@ -71,12 +71,15 @@ def proxy_added(phases: dict, setup: str) -> float | None:
 
 
 def prefill_vs_upstream(folder: Path, setup: str) -> float | None:
-    """prefill_probe.py's parts under folder/probe: the paired median of `setup`'s P prefill over upstream's on
-    the same prompts (P legs only, the first prompt of each kind left out: it may meet a cold path)."""
-    files = {f.stem.removeprefix("prefill-"): f for f in (folder / "probe").glob("prefill-*.json")}
-    if setup not in files or "upstream" not in files:
-        return None
-    rows = {s: {r["label"]: r for r in json.loads(files[s].read_text())["rows"]} for s in (setup, "upstream")}
-    pairs = [rows[setup][k]["prefill_ms"] / r["prefill_ms"] for k, r in rows["upstream"].items()
-             if r["p_leg"] and not k.endswith("#0") and k in rows[setup] and r["prefill_ms"]]
+    """prefill_probe.py's parts under folder/probe, or in its subfolders (one run each: upstream's and ours side by
+    side on two GPUs, then swapped): the paired median of `setup`'s P prefill over upstream's on the same prompts of
+    one run, pooled over the runs (P legs only, the first prompt of each kind left out: it may meet a cold path)."""
+    pairs = []
+    for run in [folder / "probe", *sorted(p for p in (folder / "probe").glob("*") if p.is_dir())]:
+        files = {f.stem.removeprefix("prefill-"): f for f in run.glob("prefill-*.json")}
+        if setup not in files or "upstream" not in files:
+            continue
+        rows = {s: {r["label"]: r for r in json.loads(files[s].read_text())["rows"]} for s in (setup, "upstream")}
+        pairs += [rows[setup][k]["prefill_ms"] / r["prefill_ms"] for k, r in rows["upstream"].items()
+                  if r["p_leg"] and not k.endswith("#0") and k in rows[setup] and r["prefill_ms"]]
     return round(statistics.median(pairs), 3) if pairs else None
