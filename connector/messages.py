@@ -130,6 +130,9 @@ class RemotePrefill(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     # asks its side channel.
     handshakes: list[bytes] = []
     digests: BlockDigests | None = None  # absent from a prefiller that computes none
+    # P's engine ends a prefill step at a prompt's last aligned boundary (align mode where a Mamba layer writes no
+    # state inside the chunk): the proxy's placement prices P's and D's steps by it (its --align-split until told)
+    engine_splits: bool = False
     do_remote_prefill: bool = True
     do_remote_decode: bool = False
     hybrid_pd_version: int = PROTOCOL_VERSION

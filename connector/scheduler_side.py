@@ -70,6 +70,7 @@ class SchedulerSide:
         checkpoints: CheckpointStore | None = None,
         ship_checkpoints: bool = True,
         prefill_to_boundary: bool = True,
+        engine_splits: bool = False,
         digests: bool = False,
         inbox: OutcomeSource | None = None,
         await_timeout_s: float = 120.0,
@@ -81,6 +82,7 @@ class SchedulerSide:
         # P stops at a multiple of the aligned block of a model with Mamba groups (0: attention-only, N-1 tokens)
         self.aligned = math.lcm(*(g.block_size for g in groups)) if any(g.kind == "mamba" for g in groups) else 0
         self.boundary = self.aligned if prefill_to_boundary else 0  # where P stops unless the request says
+        self.engine_splits = engine_splits  # align mode ends a step at a prompt's last boundary (P says so)
         self.lease_s = lease_s
         self.store = checkpoints
         self._ship = ship_checkpoints
@@ -199,6 +201,7 @@ class SchedulerSide:
             lease_s=self.lease_s,
             checkpoints=refs,
             handshakes=handshakes,
+            engine_splits=self.engine_splits,
         )
         out = rp.to_params()
         self._awaiting[request.request_id] = out

@@ -142,16 +142,18 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             # logs none (it logs one only when it changes the block: the tiny Zamba2 on vLLM 0.26's GPU)
             device = vllm_config.device_config.device_type
             to_boundary = prefill_to_boundary(self.config.prefill_to_boundary, kv_cache_config, device)
+            mamba = any(g.kind == "mamba" for g in self.groups)
+            splits = mamba and not checkpoints_inside_last_chunk(kv_cache_config)
             log.info(
                 "hybrid-pd connector: KV-cache groups %s, blocks of %d tokens; P stops at %s by default%s",
                 ", ".join(f"{g.kind} {g.block_size}" for g in self.groups),
                 math.lcm(*(g.block_size for g in self.groups)) if self.groups else 0,
                 "the boundary" if to_boundary else "N-1",
                 ""
-                if not any(g.kind == "mamba" for g in self.groups)
-                else "; the Mamba state at a prompt's last boundary is written inside its last chunk"
-                if checkpoints_inside_last_chunk(kv_cache_config)
-                else "; align mode ends a prefill step at a prompt's last boundary (proxy: --align-split)",
+                if not mamba
+                else "; align mode ends a prefill step at a prompt's last boundary (P tells the proxy)"
+                if splits
+                else "; the Mamba state at a prompt's last boundary is written inside its last chunk",
             )
             inbox = None
             if self.config.params_port and ktc.kv_role == "kv_consumer":
@@ -167,6 +169,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
                 lease_s=self.config.lease_s,
                 ship_checkpoints=self.config.ship_checkpoints,
                 prefill_to_boundary=to_boundary,
+                engine_splits=splits,
                 digests=self.config.kv_digests > 0,
                 inbox=inbox,
                 await_timeout_s=self.config.await_timeout_s,

@@ -179,8 +179,8 @@ class DisaggConfig:
         "align_split",
         "policy ours: the engines' align mode ends a prefill step at the last aligned boundary below a prompt's end "
         "and computes the rest in one more (vLLM before 0.32, and layers without prefill checkpoints, e.g. 0.33's GDN "
-        "on Triton: the connector's start-up line then says 'align mode ends a prefill step'); off: the state there "
-        "is written inside the prompt's last chunk, one step fewer in the cost model's prices",
+        "on Triton); off: the state there is written inside the prompt's last chunk, a step fewer in the cost "
+        "model's prices. Until a prefiller says: hybrid-pd's prefillers tell with every answer, and that wins",
         parse=boolean,
     )
     prefiller_stop: str = setting(

@@ -169,6 +169,9 @@ class Decider:
         chosen = turn.placement.chosen if turn.placement is not None else None
         if turn.mode == REMOTE_PREFILL and turn.prefill_ms is not None and chosen is not None and chosen.prefiller:
             self.state.rates.observe_prefiller_call(chosen.prefiller_ms, turn.prefill_ms)
+        splits = (turn.transfer_params or {}).get("engine_splits")  # our prefillers say; other connectors do not
+        if isinstance(splits, bool):
+            self.state.rates.observe_align_split(splits)
 
     def learn(self, turn: Turn) -> None:
         """Feed the cost model's rates with what this turn showed (online_rates.py), once it has ended: P's call as

@@ -59,6 +59,12 @@ def test_prefiller_stops_at_the_last_block_boundary_below_the_prompts_end():
     req.num_computed_tokens = 8
     delay, params = p.request_finished(req, ([0, 3], [5, 6]), finished_ok=True)
     assert delay and params["remote_num_tokens"] == 8 and params["checkpoints"] == []  # nothing extra crosses
+    assert params["engine_splits"] is False  # as built: the proxy hears whether P's engine splits at a boundary
+    splits = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, engine_splits=True)
+    req = request(11, {"do_remote_decode": True})
+    truncate_prompt(req, splits.on_new_request(req))
+    req.num_computed_tokens = 8
+    assert splits.request_finished(req, ([0, 3], [5, 6]), finished_ok=True)[1]["engine_splits"] is True
     attention_only = SchedulerSide(engine_id="P", host="h", port=7, groups=[GroupSpec("attention", 4)])
     assert attention_only.on_new_request(request(11, {"do_remote_decode": True})) == 10  # N-1: no split there
 

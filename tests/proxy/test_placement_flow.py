@@ -135,6 +135,7 @@ def test_a_busy_decoder_has_the_prefiller_compute_to_n_minus_1(caplog):
 
     async def body(streams: int):
         async with kv_cluster(log_placement=True) as (proxy, p, d1, d2, pubs):
+            p.extra_ktp = {"engine_splits": True}  # as our P says where align mode ends a step at the boundary
             for w in proxy.state.pool.all("decode"):
                 w.engine = EngineLoad(running=streams, waiting=0)
             async with aiohttp.ClientSession() as s:
@@ -142,12 +143,16 @@ def test_a_busy_decoder_has_the_prefiller_compute_to_n_minus_1(caplog):
                 r = await s.post(proxy.url + "/v1/completions", json=streamed)
                 assert r.status == 200 and "[DONE]" in await r.text()
             calls = proxy.state.rates.observations["prefiller_call"]
-            return [c.body["kv_transfer_params"] for c in p.generate_calls], calls, proxy.state.rates.rates
+            split = metric_value(proxy.state.metrics.render().decode(), "hybrid_pd_proxy_placement_rate",
+                                 rate="align_split")
+            return [c.body["kv_transfer_params"] for c in p.generate_calls], calls, proxy.state.rates.rates, split
 
     caplog.set_level(logging.INFO, logger="hybrid_pd.proxy")
-    assert run(body(0))[:2] == ([], 0)
-    (params,), calls, rates = run(body(7))
+    params, calls, rates, split = run(body(0))
+    assert (params, calls, rates.align_split, split) == ([], 0, False, 0)  # the setting's: no prefiller said yet
+    (params,), calls, rates, split = run(body(7))
     assert params[PREFILL_STOP] == STOP_LAST and params["do_remote_decode"] is True
+    assert rates.align_split is True and split == 1  # P's answer said so: later turns priced with the split
     # the fake P answers in a few ms where the priors price 2 steps of a GPU engine: the factor on P's call drops
     assert calls == 1 and rates.prefiller_call_factor < 1.0
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("placement ")]

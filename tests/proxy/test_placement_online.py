@@ -142,3 +142,20 @@ def test_q_is_the_recent_share_of_turns_that_went_on_on_a_prefiller():
         online.observe_turn(continued=True, remote=False)  # served by D alone, as at c=1
     assert online.rates.next_remote < 0.01
     assert online.observations["turn"] == 41
+
+
+def test_a_prefiller_saying_its_engine_splits_prices_n_minus_1_a_step_dearer():
+    """observe_align_split (P's `engine_splits`) replaces the setting at once: a fact of the engines, not a fit.
+    With it P's N-1 costs the split's second step, and D alone's prefill across the boundary too."""
+    online = OnlineRates(dataclasses.replace(PRIORS, align_split=False))
+    d, p = WorkerView("d", 0, 0), [WorkerView("p", 0, 0)]
+
+    def n_minus_1() -> float:
+        return next(o for o in place(4858, d, p, online.rates, aligned_block=544).options if o.stop == LAST).ttft_ms
+
+    before = n_minus_1()
+    online.observe_align_split(True)
+    assert online.rates.align_split is True and online.observations == OnlineRates().observations
+    assert abs(n_minus_1() - before - online.rates.prefill_step_ms) < 1e-6  # one step more, nothing else
+    online.observe_align_split(False)
+    assert online.rates.align_split is False and abs(n_minus_1() - before) < 1e-9
