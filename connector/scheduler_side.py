@@ -54,6 +54,9 @@ class CheckpointStore(Protocol):
     def register(self, request: Any, group: int, block_id: int, tokens: int) -> None:
         """D: enter a received checkpoint into the prefix cache under the request's block hash."""
 
+    def keep(self, request: Any, group: int, block_id: int, tokens: int) -> None:
+        """P: enter the request's own state block at `tokens` (where its prompt ends) into the prefix cache."""
+
     def release(self, block_ids: Sequence[int]) -> None:
         """Drop our reference to blocks pinned or reserved above."""
 
@@ -117,13 +120,14 @@ class SchedulerSide:
     def on_new_request(self, request: Any) -> int:
         """P: how many prompt tokens to compute (0: the request is not ours to cut). D computes the rest.
 
-        With Mamba groups (align mode) P stops at the last block boundary below N: vLLM would split a prefill
-        that ends between boundaries into two engine steps (up to the boundary, so that the state there can
-        be cached, then the tail), and a step has a fixed cost (measured on an H100 at Qwen3-Next shapes: a
-        31-token tail step took 94 ms, as long as an 8,160-token one), while D computes the tail (< one
-        block) in the step it needs anyway for the last token. The state D resumes from is then itself an
-        aligned checkpoint: D caches it as its own and no separate checkpoint crosses. Prompts shorter than a
-        block, or attention-only models, keep the N-1 rule (D always computes the last token itself).
+        With Mamba groups (align mode) P stops at the last block boundary below N by default on a CPU
+        (connector/vllm_glue.py prefill_to_boundary): vLLM 0.26 would split a prefill that ends between
+        boundaries into two engine steps (up to the boundary, so that the state there can be cached, then the
+        tail), while D computes the tail (< one block) in the step it needs anyway for the last token. (vLLM
+        0.32+ caches a state only below a prompt's last token, so it ends a step a block below a prompt cut at
+        a boundary too: read in its scheduler.) The state D resumes from is then itself an aligned checkpoint:
+        D caches it as its own and no separate checkpoint crosses, and P keeps it (_keep_own_state). Prompts
+        shorter than a block, or attention-only models, keep the N-1 rule (D always computes the last token).
         The proxy may choose per request (PREFILL_STOP in its kv_transfer_params: "last" for N-1, when the
         decoder is busy and the tail's step would stall its streams; "boundary"; a token position, a junction
         where the next turn is expected to diverge: P stops at the aligned boundary at or below it, so that D
@@ -188,6 +192,7 @@ class SchedulerSide:
         if num_tokens <= 0 or not any(block_ids):
             return False, None
         refs = self._pin_checkpoints(request, num_tokens, block_ids)
+        self._keep_own_state(request, num_tokens, block_ids)
         self._meta.leases[request.request_id] = self.lease_s
         # The proxy names the engine whose handshake the chosen decoder holds already: ours, then none is sent.
         handshakes = [] if params.get(DECODER_KNOWS) == self.engine_id else self.handshakes
@@ -233,6 +238,23 @@ class SchedulerSide:
                 refs.append(CheckpointRef(g, block, tokens))
                 self._pinned.setdefault(request.request_id, []).append(block)
         return refs
+
+    def _keep_own_state(self, request: Any, num_tokens: int, block_ids: Sequence[Sequence[int]]) -> None:
+        """P stopped on a block boundary (the boundary stop, a junction, an aligned N-1): its state there is in the
+        request's own block, where vLLM caches a state only a block below a prompt's last token. Kept in P's
+        prefix cache, the conversation's next turn on P hits as deep in its Mamba groups as in attention, where
+        it would otherwise recompute the last block and take a step more: vLLM stops a chunk where one group's
+        hit runs past another's (the shared-prefix junction; vLLM 0.33 on an H200, Qwen3-Next shapes: 1.7-2.2x
+        upstream's prefill on such a turn, benchmarks/results/2026-11-27-h200x2-qwen3next-judged-vllm033-r4)."""
+        if self.store is None:
+            return
+        for g, spec in enumerate(self.groups):
+            if spec.kind != "mamba" or num_tokens % spec.block_size:
+                continue
+            ids = block_ids[g] if g < len(block_ids) else []
+            index = num_tokens // spec.block_size - 1
+            if 0 <= index < len(ids) and ids[index] != NULL_BLOCK:
+                self.store.keep(request, g, ids[index], num_tokens)
 
     # ---- D ----------------------------------------------------------------------------------------------
     @staticmethod

@@ -60,6 +60,16 @@ class BlockPoolCheckpoints:
             "request %s: Mamba checkpoint at %d tokens registered in block %d", request.request_id, tokens, block_id
         )
 
+    def keep(self, request: Any, group: int, block_id: int, tokens: int) -> None:
+        """P: the request's own block holding its state at `tokens` (an aligned prompt end) into the prefix cache
+        under the request's block hash; a block vLLM cached already is left as it is."""
+        block = self.pool.blocks[block_id]
+        if block.block_hash is not None:
+            return
+        bs = self.groups[group].block_size
+        idx = tokens // bs - 1
+        self.pool.cache_full_blocks(request, [self.pool.null_block] * idx + [block], idx, idx + 1, bs, group)
+
     def release(self, block_ids: Iterable[int]) -> None:
         blocks = [self._held.pop(b) for b in block_ids if b in self._held]
         if blocks:

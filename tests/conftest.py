@@ -20,6 +20,7 @@ SHARING_ORDER = (
     "tests/proxy/test_real_engine.py",
     "tests/connector/test_digest_engines.py",
     "tests/connector/test_engines.py",
+    "tests/connector/test_prefiller_hits.py",
     "tests/proxy/test_handshakes_engine.py",
     "tests/proxy/test_placement_engines.py",
     "tests/proxy/test_early_decode_engines.py",

@@ -27,7 +27,7 @@ def request(n_prompt: int, params: dict | None, req_id: str = "r1") -> SimpleNam
 
 class FakeStore:
     def __init__(self):
-        self.pinned, self.released, self.registered, self.next = [], [], [], 100
+        self.pinned, self.released, self.registered, self.kept, self.next = [], [], [], [], 100
 
     def pin(self, request, group, tokens):
         self.pinned.append((group, tokens))
@@ -39,6 +39,9 @@ class FakeStore:
 
     def register(self, request, group, block_id, tokens):
         self.registered.append((group, block_id, tokens))
+
+    def keep(self, request, group, block_id, tokens):
+        self.kept.append((group, block_id, tokens))
 
     def release(self, block_ids):
         self.released += list(block_ids)
@@ -300,3 +303,24 @@ def test_a_decoder_without_an_inbox_computes_early_requests_at_once():
     req = request(11, early())
     assert d.get_num_new_matched_tokens(req, 0) == (0, False)
     assert d.build_meta().failed_waits == ["r1"]
+
+
+def test_a_prefiller_keeps_its_own_state_where_its_prompt_ends_on_a_boundary():
+    """P's own state block where it stopped, on a boundary, goes into its prefix cache (the store's keep): the
+    Mamba group's block at that slot, never an attention block; a prompt end between boundaries keeps nothing."""
+    store = FakeStore()
+    p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, checkpoints=store)
+    req = request(11, {"do_remote_decode": True})
+    truncate_prompt(req, p.on_new_request(req))
+    req.num_computed_tokens = 8
+    p.request_finished(req, ([0, 3], [5, 6]), finished_ok=True)
+    assert store.kept == [(0, 3, 8)]
+    at_n_minus_1 = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, checkpoints=store,
+                                 prefill_to_boundary=False)
+    for n, kept in ((11, []), (13, [(0, 9, 12)])):  # N-1 = 10: between boundaries; 12: on one
+        store.kept = []
+        req = request(n, {"do_remote_decode": True}, req_id=f"n{n}")
+        truncate_prompt(req, at_n_minus_1.on_new_request(req))
+        req.num_computed_tokens = n - 1
+        at_n_minus_1.request_finished(req, ([0, 3, 9], [5, 6, 7]), finished_ok=True)
+        assert store.kept == kept, n

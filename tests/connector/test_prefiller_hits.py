@@ -1,0 +1,58 @@
+"""The prefiller's own prefix cache across a conversation, real engines (the session's pool: REF, P and D are
+test_engines.py's): P keeps the state where it stopped, so its next turn hits there in every group."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.conversation import (
+    ANSWER_TOKENS,
+    assert_same_greedy,
+    cached,
+    complete,
+    decided_tokens,
+    text_of,
+    tokenize,
+)
+from tests.support.engines import pd_complete
+from tests.support.tiny_layout import BS
+
+pytestmark = pytest.mark.engines
+
+
+@pytest.fixture(scope="module")
+def engines(engine_set, tiny_model):
+    return engine_set({
+        "ref": ("decode", "none", "1", tiny_model, {}),
+        "p": ("prefill", "hybrid", "0", tiny_model, {"HYBRID_PD_LEASE_S": "10"}),
+        "d": ("decode", "hybrid", "1", tiny_model, {}),
+    })
+
+
+@pytest.fixture(scope="module")
+def turns(engines) -> list:
+    """Three turns of a conversation whose prompt grows by more than a block a turn (so that P's boundary moves
+    on), as token ids, each with one engine's greedy answer."""
+    ref = engines.up("ref")["ref"]
+    ids, out = tokenize(ref, text_of(300, 17_300)), []
+    for k in range(3):
+        resp = complete(ref, ids, ANSWER_TOKENS, logprobs=2, return_token_ids=True)
+        out.append((ids, decided_tokens(resp)))
+        ids = ids + resp["choices"][0]["token_ids"] + tokenize(ref, " " + text_of(400, 17_400 + k))
+    return out
+
+
+def test_the_prefillers_next_turn_hits_the_boundary_it_stopped_at(engines, turns):
+    """A conversation through PD, P stopping at the block boundary (its default on the CPU bed): P's turn k+1 hits
+    the boundary it stopped at on turn k in its Mamba groups as in attention (P keeps its own state there in its
+    prefix cache: vLLM caches a state a block below a prompt's last token, and the next turn would recompute that
+    block in a step of its own), and D's answer from what P computed then is one engine's."""
+    urls = engines.up("p", "d")
+    stopped = 0
+    for k, (ids, expected) in enumerate(turns):
+        p_resp, d_resp = pd_complete(urls["p"], urls["d"], ids, ANSWER_TOKENS, logprobs=1)
+        assert_same_greedy(expected, d_resp, "PD, P from the state it kept")
+        if k:
+            assert cached(p_resp) == stopped, (k, cached(p_resp), stopped)  # a block short without the kept state
+        stopped = p_resp["kv_transfer_params"]["remote_num_tokens"]
+        assert stopped % BS == 0 and stopped >= BS, stopped
