@@ -2,8 +2,8 @@
 # A plan for `bench_gpu.sh background` on a two-GPU machine (nvidia-h100-x2 / nvidia-h200-x2), one carry for three
 # things in turn:
 # 1. judged-2gpu.sh for KIND (default qwen3next) at c = CONC (default 1,8), ours first at c=8 on fresh engines and a
-#    fresh proxy (COLD_C8=1), then ours with VARIANTS (default: the split priced, --align-split, as Triton's GDN
-#    makes it, and always-remote). Marks "j2-all".
+#    fresh proxy (COLD_C8=1), then ours with VARIANTS (default: always-remote, and the prefiller-queue term off:
+#    its pricing at c=8 with the split priced as P now reports it). Marks "j2-all".
 # 2. The prefiller alone (benchmarks/gpu/prefill_probe.py, the judged run's flags: decode-only CUDA graphs, 0.28 of a
 #    GPU), upstream's and ours side by side on the two GPUs, then again with the GPUs swapped (a GPU's own speed
 #    cancels in the pair), the torch profiler on the first pair's last round; then no connector. Results in
@@ -14,7 +14,7 @@
 set -u
 . deploy/gpu/plans/common.sh
 CONC=${CONC:-1,8} COLD_C8=${COLD_C8:-1} VLLM_ARGS=${VLLM_ARGS:---jit-monitor-verbose} \
-  VARIANTS=${VARIANTS:-"--align-split;--pd-policy always-remote"} \
+  VARIANTS=${VARIANTS:-"--pd-policy always-remote;--no-prefiller-queue"} \
   bash deploy/gpu/plans/judged-2gpu.sh
 export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PATH
 M=/root/models/${KIND:-qwen3next}
