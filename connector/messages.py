@@ -133,6 +133,7 @@ class RemotePrefill(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     # P's engine ends a prefill step at a prompt's last aligned boundary (align mode where a Mamba layer writes no
     # state inside the chunk): the proxy's placement prices P's and D's steps by it (its --align-split until told)
     engine_splits: bool = False
+    prefill_steps: int = 0  # the engine steps P took to compute the prompt (0: not counted): the proxy's fit learns
     do_remote_prefill: bool = True
     do_remote_decode: bool = False
     hybrid_pd_version: int = PROTOCOL_VERSION

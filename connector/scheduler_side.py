@@ -96,6 +96,7 @@ class SchedulerSide:
         self.handshakes: list[bytes] = []  # P: each TP rank's encoded Handshake (from its worker at start-up)
         self.digests = digests  # P: have the workers digest each request's blocks (integrity.py)
         self._prefilling: dict[str, tuple[Any, list[list[int]]]] = {}  # P: request, its block ids so far
+        self._steps: dict[str, int] = {}  # P: the engine steps each request it cut has taken so far
         self._awaiting: dict[str, dict] = {}  # P: kv_transfer_params returned this step, digests to come
         self.early = EarlyDecodes(inbox, await_timeout_s, idle_wait_s, clock)  # D: requests waiting for P's params
 
@@ -149,6 +150,7 @@ class SchedulerSide:
             keep = (n - 1) // boundary * boundary if boundary else 0
         request.max_tokens = 1
         params[MARK_TRUNCATED] = True
+        self._steps[request.request_id] = 0
         if self.digests:
             self._prefilling[request.request_id] = (request, [[] for _ in self.groups])
         return keep or n - 1
@@ -180,6 +182,7 @@ class SchedulerSide:
             return False, None
         self._loading.pop(request.request_id, None)
         self._prefilling.pop(request.request_id, None)
+        steps = self._steps.pop(request.request_id, 0)
         if AWAIT_PREFILL in params:  # D: finished (aborted?) while it waited for P: P is told to free when it answers
             self.early.abandon(params)
             return False, None
@@ -207,6 +210,7 @@ class SchedulerSide:
             checkpoints=refs,
             handshakes=handshakes,
             engine_splits=self.engine_splits,
+            prefill_steps=steps,
         )
         out = rp.to_params()
         self._awaiting[request.request_id] = out
@@ -354,6 +358,8 @@ class SchedulerSide:
         meta.idle = scheduled_tokens == 0 and bool(self._loading)
         self._awaiting.clear()  # a step's params got their digests in its own output, or get none
         for req_id, n in (per_request or {}).items():
+            if req_id in self._steps:
+                self._steps[req_id] += 1
             entry = self._prefilling.get(req_id)
             if entry is not None and entry[0].num_computed_tokens + n >= entry[0].num_prompt_tokens:
                 meta.digests[req_id] = digest_targets(entry[1])  # the prompt completes in this step

@@ -324,3 +324,16 @@ def test_a_prefiller_keeps_its_own_state_where_its_prompt_ends_on_a_boundary():
         req.num_computed_tokens = n - 1
         at_n_minus_1.request_finished(req, ([0, 3, 9], [5, 6, 7]), finished_ok=True)
         assert store.kept == kept, n
+
+
+def test_a_prefiller_counts_the_steps_it_took_and_says_so():
+    """P's kv_transfer_params carry the engine steps in which vLLM scheduled the prompt P cut (build_meta's view of
+    each step): the proxy's prefill fit learns from them rather than from its model of vLLM's splits."""
+    p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS)
+    req = request(11, {"do_remote_decode": True})
+    truncate_prompt(req, p.on_new_request(req))
+    for n in (4, 4):  # vLLM scheduled the 8 tokens in two steps
+        p.build_meta(n, {"r1": n, "other": 1})
+    req.num_computed_tokens = 8
+    assert p.request_finished(req, ([0, 3], [5, 6]), finished_ok=True)[1]["prefill_steps"] == 2
+    assert p.request_finished(req, ([0, 3], [5, 6]), finished_ok=True)[1]["prefill_steps"] == 0  # counted once

@@ -135,7 +135,11 @@ def test_a_busy_decoder_has_the_prefiller_compute_to_n_minus_1(caplog):
 
     async def body(streams: int):
         async with kv_cluster(log_placement=True) as (proxy, p, d1, d2, pubs):
-            p.extra_ktp = {"engine_splits": True}  # as our P says where align mode ends a step at the boundary
+            p.extra_ktp = {"engine_splits": True, "prefill_steps": 7}  # as our P says: its engine's split, its steps
+            seen = []
+            learn, rates = proxy.state.rates.observe_prefill, proxy.state.rates
+            rates.observe_prefill = lambda tokens, context, steps, ms: (seen.append(steps),
+                                                                        learn(tokens, context, steps, ms))
             for w in proxy.state.pool.all("decode"):
                 w.engine = EngineLoad(running=streams, waiting=0)
             async with aiohttp.ClientSession() as s:
@@ -145,6 +149,7 @@ def test_a_busy_decoder_has_the_prefiller_compute_to_n_minus_1(caplog):
             calls = proxy.state.rates.observations["prefiller_call"]
             split = metric_value(proxy.state.metrics.render().decode(), "hybrid_pd_proxy_placement_rate",
                                  rate="align_split")
+            assert (seen == [7]) == bool(streams)  # the fit took P's own count of its steps (P ran the call alone)
             return [c.body["kv_transfer_params"] for c in p.generate_calls], calls, proxy.state.rates.rates, split
 
     caplog.set_level(logging.INFO, logger="hybrid_pd.proxy")
