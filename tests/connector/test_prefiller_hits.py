@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.controls import keyed_prompt
 from tests.support.conversation import (
     ANSWER_TOKENS,
     assert_same_greedy,
     cached,
     complete,
     decided_tokens,
-    text_of,
-    tokenize,
 )
 from tests.support.engines import pd_complete
 from tests.support.tiny_layout import BS
@@ -31,14 +30,16 @@ def engines(engine_set, tiny_model):
 
 @pytest.fixture(scope="module")
 def turns(engines) -> list:
-    """Three turns of a conversation whose prompt grows by more than a block a turn (so that P's boundary moves
-    on), as token ids, each with one engine's greedy answer."""
+    """Two turns of a conversation, as token ids, each with one engine's greedy answer: a keyed prompt (the key word
+    in its first block, which the tiny models carry only through their recurrent state) of 270 tokens, then that
+    prompt, its answer and the prompt's next 252 tokens (so that P's boundary moves on a block, from 256 to 512)."""
     ref = engines.up("ref")["ref"]
-    ids, out = tokenize(ref, text_of(300, 17_300)), []
-    for k in range(3):
+    words = keyed_prompt(ref, 17_300, 1)
+    ids, out = words[:270], []
+    for nxt in (words[270:522], []):
         resp = complete(ref, ids, ANSWER_TOKENS, logprobs=2, return_token_ids=True)
         out.append((ids, decided_tokens(resp)))
-        ids = ids + resp["choices"][0]["token_ids"] + tokenize(ref, " " + text_of(400, 17_400 + k))
+        ids = ids + resp["choices"][0]["token_ids"] + nxt
     return out
 
 
@@ -46,7 +47,8 @@ def test_the_prefillers_next_turn_hits_the_boundary_it_stopped_at(engines, turns
     """A conversation through PD, P stopping at the block boundary (its default on the CPU bed): P's turn k+1 hits
     the boundary it stopped at on turn k in its Mamba groups as in attention (P keeps its own state there in its
     prefix cache: vLLM caches a state a block below a prompt's last token, and the next turn would recompute that
-    block in a step of its own), and D's answer from what P computed then is one engine's."""
+    block in a step of its own), and D's answer from what P computed then is one engine's. The key reaches D's
+    second answer only through the state P kept: P keeping another block there moves it past the tolerance."""
     urls = engines.up("p", "d")
     stopped = 0
     for k, (ids, expected) in enumerate(turns):
