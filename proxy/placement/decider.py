@@ -191,8 +191,8 @@ class Decider:
             computed = max(end - p_hit, 1)
             if turn.prefill_alone:
                 said = (turn.transfer_params or {}).get("prefill_steps")  # our P counts them; else as modelled
-                steps = said if isinstance(said, int) and not isinstance(said, bool) and said > 0 else None
-                rates.observe_prefill(computed, p_hit, steps or r.steps(end, p_hit, block), turn.prefill_ms)
+                steps = said if type(said) is int and said > 0 else r.steps(end, p_hit, block)
+                rates.observe_prefill(computed, p_hit, steps, turn.prefill_ms)
             if ttft is not None:
                 d_hit = min(turn.decoder_hit or 0, end)
                 stop = LAST if end >= n - 1 else BOUNDARY
