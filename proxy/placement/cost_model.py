@@ -25,9 +25,9 @@ picks the option with the least TTFT among those that keep D's streams within th
                      stop, plus at N-1 the aligned checkpoint below it (P ships it for D to keep: `pulled_mb`)
     prefill(U, C)    steps * step + U * (per_token + per_token_per_kctx * (C + U/2) / 1000): each computed
                      token attends over its context, C + U/2 on average; an engine step costs `step` whatever it
-                     computes (CPU-bound launch work on our GPU runs). With `align_split` (vLLM before 0.32) D
-                     alone, and P to N-1, take one step more than their chunks (`local_steps`); vLLM 0.32+ writes
-                     the state at the last aligned boundary inside the prompt's last chunk
+                     computes (CPU-bound launch work on our GPU runs). With `align_split` (an engine whose kernels
+                     declare no prefill checkpoints) D alone and P, at either stop, take a step more than their
+                     chunks (`local_steps`); where they declare them, the state is written inside the last chunk
     step(k)          D's decode step with k streams: step_ms + step_ms_per_seq * (k - 1); s = step_ms_per_seq
     k                D's running + waiting streams
     f                P's call as measured over P's call as priced (`prefiller_call_factor`, 1 in the priors): what
@@ -220,14 +220,15 @@ class Placement:
 
 def local_steps(prompt_tokens: int, hit: int, aligned_block: int, chunk_tokens: int, split: bool = True) -> int:
     """Engine steps an engine takes to compute a prompt past `hit` by itself. With `split`, vLLM's align mode
-    (hybrid models) ends a step at the last aligned boundary at or below the prompt's end, so that the state there
-    can be cached, and computes the rest in one more step (vLLM 0.26, 2026-11-25-h100-prefill-steps: 4,857 =
-    4,352 + 505); without, the chunks alone: vLLM 0.32+ writes the state there inside the prompt's last chunk
-    (the kernels' prefill checkpoints: `use_internal_checkpoint` in the scheduler's _mamba_block_aligned_split)."""
+    (hybrid models) ends a step at the last aligned boundary below the prompt's last token, so that the state
+    there can be cached, and computes the rest in one more step (vLLM 0.26, 2026-11-25-h100-prefill-steps: 4,857 =
+    4,352 + 505); a prompt cut at a boundary (P's boundary stop) takes two: 0.32+ caches a state only below a
+    prompt's last token (get_mamba_prefill_checkpoint_position; 0.26 one step there). Without `split`, the chunks
+    alone: the kernels' prefill checkpoints write the state inside the last chunk (`use_internal_checkpoint`)."""
     chunk = max(chunk_tokens, 1)
     if aligned_block <= 0 or not split:
         return max(1, math.ceil((prompt_tokens - hit) / chunk))
-    boundary = (prompt_tokens // aligned_block) * aligned_block
+    boundary = ((prompt_tokens - 1) // aligned_block) * aligned_block
     before = math.ceil((boundary - hit) / chunk) if boundary > hit else 0
     return max(1, before + math.ceil((prompt_tokens - max(boundary, hit)) / chunk))
 
@@ -372,7 +373,7 @@ def _remote(
     end = n - remote_tail(n, aligned_block, stop)  # where P stops
     p_hit = min(max(p.hit, 0), end)
     u = max(end - p_hit, 1 if end > 0 else 0)  # P computes at least one token per call
-    p_steps = rates.steps(end, p_hit, aligned_block) if stop == LAST else rates.chunks(u)
+    p_steps = rates.steps(end, p_hit, aligned_block)  # at the boundary too: a step a block below it where vLLM splits
     d_hit = min(max(d.hit, 0), n - 1)
     on_d = n - max(end, d_hit)  # then computes what is left: the tail, or less where it holds more
     read_mb = pulled_mb(rates, end, d_hit, stop, aligned_block)  # D keeps its own hit and pulls the rest

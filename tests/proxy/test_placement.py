@@ -184,9 +184,12 @@ def test_a_decoder_that_cannot_serve_is_refused():
 
 
 def test_steps_and_tail_follow_align_mode():
-    # 2026-11-25-h100-prefill-steps: 4,857 tokens from scratch = 4,352 + 505 (two steps); 4,352 = one step
+    # 2026-11-25-h100-prefill-steps: 4,857 tokens from scratch = 4,352 + 505 (two steps); a prompt cut at a
+    # boundary, 4,352, two as well on vLLM 0.32+ (its state is cached only below its last token: 3,808 + 544;
+    # the CPU bed's P logged two steps a turn at the boundary, tests/connector/test_prefiller_hits.py)
     assert local_steps(4857, 0, 544, 8192) == 2
-    assert local_steps(4352, 0, 544, 8192) == 1
+    assert local_steps(4352, 0, 544, 8192) == 2
+    assert local_steps(4352, 3808, 544, 8192) == 1  # its last block alone
     assert local_steps(9181, 8704, 544, 8192) == 1  # the tail alone
     assert local_steps(9181, 0, 0, 8192) == 2  # attention-only: chunks only
     assert remote_tail(9181, 544) == 9181 - 8704
@@ -195,6 +198,15 @@ def test_steps_and_tail_follow_align_mode():
     assert remote_tail(9181, 544, LAST) == 1
     assert remote_tail(500, 544) == 1  # no boundary below the end: N-1, as the connector does
     assert local_steps(9181, 8704, 544, 256) == 2  # a tail longer than a chunk takes two
+
+
+def test_p_stopping_at_the_boundary_prices_the_step_its_engine_ends_a_block_below():
+    """Where the engine splits, P's prompt cut at the boundary takes two steps, as P's N-1 does: neither stop
+    is a step cheaper on P (the boundary's cost is D's tail step)."""
+    p = place(4857, WorkerView("d"), [WorkerView("p")], PRIORS, aligned_block=544)
+    _, boundary, last = p.options
+    assert boundary.prefiller_ms == pytest.approx(PRIORS.prefill_ms(4352, 0, 2))  # 3,808 + 544
+    assert last.prefiller_ms == pytest.approx(PRIORS.prefill_ms(4856, 0, 2))  # 4,352 + 504
 
 
 def test_the_tail_after_the_boundary_is_a_step_on_the_decoder():
@@ -225,7 +237,9 @@ def test_without_the_align_split_p_s_n_minus_1_is_a_step_cheaper_than_the_bounda
     busy = place(6951, WorkerView("d", 4896, load=7), [WorkerView("p", 4896)], rates, aligned_block=544)
     assert busy.prefiller == "p" and busy.stop == LAST
     split = place(6951, WorkerView("d", 4896), [WorkerView("p", 4896)], PRIORS, aligned_block=544)
-    assert PRIORS.align_split and abs(split.options[2].ttft_ms - split.options[1].ttft_ms) < 1  # vLLM 0.26: a wash
+    # where the engine splits, P's boundary cut takes two steps as its N-1 does (vLLM 0.32+: a state is cached only
+    # below a prompt's last token), so N-1 stays a step cheaper for D; on 0.26 the boundary was a step less on P
+    assert PRIORS.align_split and split.options[2].ttft_ms < split.options[1].ttft_ms - 0.5 * PRIORS.prefill_step_ms
 
 
 def test_the_checkpoint_below_n_minus_1_is_priced_whatever_the_decoder_holds():
@@ -365,7 +379,7 @@ def test_a_remote_option_carries_the_delay_of_the_requests_behind_it_on_the_pref
     ignored = place(6731, d, [p], rates, aligned_block=544, prefiller_queue=False)
     assert counted.local and not ignored.local
     for with_queue, without in zip(counted.options[1:], ignored.options[1:]):
-        prefill = rates.prefill_ms(with_queue.prefill_tokens, 3808, 1 if with_queue.stop == "boundary" else 2)
+        prefill = rates.prefill_ms(with_queue.prefill_tokens, 3808, 2)  # either stop: a step a block below it
         assert with_queue.behind_ms == pytest.approx(4 * 0.924 * prefill)
         assert with_queue.cost_ms == pytest.approx(without.cost_ms + with_queue.behind_ms)
         assert with_queue.ttft_ms == without.ttft_ms and without.behind_ms == 0

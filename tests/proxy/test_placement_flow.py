@@ -240,6 +240,8 @@ def test_each_placed_turn_feeds_q_and_d_alone_carries_the_next_turns_term_unless
             await warm(proxy, pubs[0], p.url, held)
             for w in proxy.state.pool.all("decode"):
                 w.engine = EngineLoad(running=streams, waiting=0)
+            for w in proxy.state.pool.all("prefill"):  # P busy with one request: an idle D's turn stays on D, where
+                w.engine = EngineLoad(running=1, waiting=0)  # q's term (~0.9 of P's prefill) would tip it to P
             for _ in range(10):
                 proxy.state.rates.observe_turn(continued=True, remote=True)
             q = proxy.state.rates.rates.next_remote
