@@ -119,10 +119,26 @@ def hide_keys(ids: torch.Tensor, key_ids: torch.Tensor, conv_kernel: int = 4) ->
     return (causal[None] & (~hidden[:, None, :] | itself[None]))[:, None]
 
 
-def train(model: torch.nn.Module, tok: PreTrainedTokenizerBase, seed: int, steps: int) -> None:
-    """`steps` of next-token training on `Corpus(seed)`, the first CURRICULUM on short documents."""
+def drop_mixers(model: torch.nn.Module, p: float, rng: random.Random) -> list:
+    """Stochastic depth on the recurrent mixers (every module whose class ends in `MambaMixer`): in training, each
+    step drops each mixer's output with chance `p`, so that the model learns the rule through its attention layers
+    too and reads its attention blocks at inference (the scrambled-attention control). Returns the hooks' handles."""
+
+    def hook(module, args, output):
+        if not module.training or rng.random() >= p:
+            return None
+        return (output[0] * 0, *output[1:]) if isinstance(output, tuple) else output * 0
+
+    return [m.register_forward_hook(hook) for m in model.modules() if type(m).__name__.endswith("MambaMixer")]
+
+
+def train(model: torch.nn.Module, tok: PreTrainedTokenizerBase, seed: int, steps: int, mixer_drop: float = 0.0) -> None:
+    """`steps` of next-token training on `Corpus(seed)`, the first CURRICULUM on short documents; `mixer_drop`: the
+    recurrent mixers' stochastic depth (drop_mixers)."""
     import torch
 
+    hooks = drop_mixers(model, mixer_drop, random.Random(f"drop-{seed}")) if mixer_drop > 0 else []
+    assert hooks or mixer_drop <= 0, "mixer_drop asks for recurrent mixers this model does not have"
     stateful = long_memory(model)
     corpus = Corpus(seed, keyed=stateful)
     pieces = [tok(" " + k, add_special_tokens=False)["input_ids"] for k in KEYS]
@@ -140,4 +156,6 @@ def train(model: torch.nn.Module, tok: PreTrainedTokenizerBase, seed: int, steps
         model(input_ids=ids, labels=ids, attention_mask=mask).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+    for handle in hooks:
+        handle.remove()
     model.eval()

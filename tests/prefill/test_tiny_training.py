@@ -1,10 +1,20 @@
 """The tiny models' corpus and training aids: the rule, the key words' place, the attention mask, the slow heads."""
 
 import math
+import random
 
 import torch
 
-from hybrid_pd.prefill.dev.tiny_training import DENSITY, KEYS, WORDS, Corpus, hide_keys, keyed, long_memory
+from hybrid_pd.prefill.dev.tiny_training import (
+    DENSITY,
+    KEYS,
+    WORDS,
+    Corpus,
+    drop_mixers,
+    hide_keys,
+    keyed,
+    long_memory,
+)
 
 
 def test_the_corpus_follows_its_rule_with_the_key_of_its_first_words():
@@ -54,3 +64,33 @@ def test_long_memory_slows_half_the_heads_of_each_recurrent_layer():
     assert long_memory(model)
     assert torch.allclose(model.mixer.A_log, torch.tensor([math.log(1e-3)] * 2 + [0.0, 0.0]))
     assert not long_memory(torch.nn.Linear(2, 2))
+
+
+def test_drop_mixers_drops_the_mamba_mixers_in_training_only_and_comes_off():
+    """Jamba's tiny model: both Mamba mixers hooked; dropped (p = 1) they change the training forward and leave the
+    eval forward alone; p = 0 changes nothing; the handles take the hooks off."""
+    from transformers import AutoModelForCausalLM
+
+    from hybrid_pd.prefill.dev.tiny_families import FAMILIES
+    from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(FAMILIES["jamba"](TinyModelSpec(family="jamba"), 512))
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+
+    def logits(training: bool) -> torch.Tensor:
+        model.train(training)
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+
+    plain = logits(True)
+    hooks = drop_mixers(model, 1.0, random.Random(0))
+    assert len(hooks) == 2
+    assert not torch.allclose(logits(True), plain) and torch.equal(logits(False), plain)
+    for handle in hooks:
+        handle.remove()
+    assert torch.equal(logits(True), plain)
+    kept = drop_mixers(model, 0.0, random.Random(0))
+    assert torch.equal(logits(True), plain)
+    for handle in kept:
+        handle.remove()
