@@ -1,12 +1,12 @@
 """How much a tiny family's answer rests on its attention blocks, in transformers (no vLLM): the scrambled-attention
 control of tests/support/controls.py replayed on the model itself, to choose a training before a GPU run checks it.
 
-Per family and variant (config overrides, e.g. `mamba_d_conv=2`, and `drop=P`, the training's mixer drop, default
-the family's MIXER_DROP): build the tiny model as prefill/dev/tiny_model.py does (same tokenizer, config, seed and
-training, on this machine's device), round it to bf16 as it is served, then
-for prompts of the controls' shape (random words, a key word among the first 100) compute the prefix to a boundary
-with a cache, spoil the cache, compute the tail (2 tokens: short; 150: long) and 8 greedy tokens, and report how far
-the reference tokens' log-probabilities moved (max over positions, nats):
+Per family and variant (config overrides, e.g. `mamba_d_conv=2`; `drop=P`, the training's mixer drop, each mixer
+on its own, or `dropall=P`, all at once; default the family's MIXER_DROP): build the tiny model as
+prefill/dev/tiny_model.py does (same tokenizer, config, seed and training, on this machine's device), round it to
+bf16 as it is served, then for prompts of the controls' shape (random words, a key word among the first 100) compute
+the prefix to a boundary with a cache, spoil the cache, compute the tail (2 tokens: short; 150: long) and 8 greedy
+tokens, and report how far the reference tokens' log-probabilities moved (max over positions, nats):
 
     scramble   noise 4x the block's largest magnitude in the last attention block before the boundary, every
                attention layer, keys and values (connector/vllm_kv_caches.py scramble_block)
@@ -29,7 +29,7 @@ def configure(cfg, variant: str):
     """`cfg` with the variant's overrides (`name=value,...`; `base`: none; `drop=`: the training's, below), values
     cast to the field's type."""
     for item in filter(None, variant.split(",")):
-        if item == "base" or item.startswith("drop="):
+        if item == "base" or item.startswith(("drop=", "dropall=")):
             continue
         name, value = item.split("=", 1)
         old = getattr(cfg, name)
@@ -53,8 +53,13 @@ def build(family: str, variant: str, steps: int, folder: Path, device: str):
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(device)
     tok = AutoTokenizer.from_pretrained(folder)
     started = time.monotonic()
-    drops = [float(item[5:]) for item in variant.split(",") if item.startswith("drop=")]
-    train(model, tok, spec.seed, steps, drops[-1] if drops else MIXER_DROP.get(family, 0.0))
+    drops = [
+        (float(v), k == "dropall")
+        for k, _, v in (i.partition("=") for i in variant.split(","))
+        if k in ("drop", "dropall")
+    ]
+    p, together = drops[-1] if drops else (MIXER_DROP.get(family, 0.0), False)
+    train(model, tok, spec.seed, steps, p, together)
     trained_s = time.monotonic() - started
     model = model.to(torch.bfloat16).to(torch.float32).eval()  # the served weights' rounding, computed in fp32
     return model, tok, trained_s
@@ -116,8 +121,12 @@ def answer(model, ids: list[int], boundary: int, spoil=None, reference: list[int
             spoil(cache)
         cur, pos, tokens, logprobs = ids[boundary:], boundary, [], []
         for step in range(n):
-            out = model(input_ids=torch.tensor([cur], device=device), past_key_values=cache, use_cache=True,
-                        cache_position=torch.arange(pos, pos + len(cur), device=device))
+            out = model(
+                input_ids=torch.tensor([cur], device=device),
+                past_key_values=cache,
+                use_cache=True,
+                cache_position=torch.arange(pos, pos + len(cur), device=device),
+            )
             cache, pos = out.past_key_values, pos + len(cur)
             lp = torch.log_softmax(out.logits[0, -1].float(), -1)
             token = int(lp.argmax()) if reference is None else reference[step]
@@ -161,8 +170,14 @@ def main(argv: list[str] | None = None) -> None:
     for family, block in zip(args.family, args.block):
         for variant in args.variant or ["base"]:
             model, tok, trained_s = build(family, variant, args.steps, args.out / f"{family}-{variant}", device)
-            row = {"family": family, "variant": variant, "steps": args.steps, "device": device,
-                   "trained_s": round(trained_s), **probe(model, tok, block)}
+            row = {
+                "family": family,
+                "variant": variant,
+                "steps": args.steps,
+                "device": device,
+                "trained_s": round(trained_s),
+                **probe(model, tok, block),
+            }
             print(json.dumps(row), flush=True)
             with open(args.out / "results.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -119,25 +119,41 @@ def hide_keys(ids: torch.Tensor, key_ids: torch.Tensor, conv_kernel: int = 4) ->
     return (causal[None] & (~hidden[:, None, :] | itself[None]))[:, None]
 
 
-def drop_mixers(model: torch.nn.Module, p: float, rng: random.Random) -> list:
+def drop_mixers(model: torch.nn.Module, p: float, rng: random.Random, together: bool = False) -> list:
     """Stochastic depth on the recurrent mixers (every module whose class ends in `MambaMixer`): in training, each
-    step drops each mixer's output with chance `p`, so that the model learns the rule through its attention layers
-    too and reads its attention blocks at inference (the scrambled-attention control). Returns the hooks' handles."""
+    step drops each mixer's output with chance `p` (`together`: all of them at once, one draw a step), so that the
+    model learns the rule through its attention layers too and reads its attention blocks at inference (the
+    scrambled-attention control). Returns the hooks' handles."""
+    drawn = {"drop": False}
+
+    def draw(module, args):
+        drawn["drop"] = module.training and rng.random() < p
 
     def hook(module, args, output):
-        if not module.training or rng.random() >= p:
+        if not module.training or not (drawn["drop"] if together else rng.random() < p):
             return None
         return (output[0] * 0, *output[1:]) if isinstance(output, tuple) else output * 0
 
-    return [m.register_forward_hook(hook) for m in model.modules() if type(m).__name__.endswith("MambaMixer")]
+    mixers = [m for m in model.modules() if type(m).__name__.endswith("MambaMixer")]
+    return [m.register_forward_hook(hook) for m in mixers] + (
+        [model.register_forward_pre_hook(draw)] if together and mixers else []
+    )
 
 
-def train(model: torch.nn.Module, tok: PreTrainedTokenizerBase, seed: int, steps: int, mixer_drop: float = 0.0) -> None:
-    """`steps` of next-token training on `Corpus(seed)`, the first CURRICULUM on short documents; `mixer_drop`: the
-    recurrent mixers' stochastic depth (drop_mixers)."""
+def train(
+    model: torch.nn.Module,
+    tok: PreTrainedTokenizerBase,
+    seed: int,
+    steps: int,
+    mixer_drop: float = 0.0,
+    drop_together: bool = False,
+) -> None:
+    """`steps` of next-token training on `Corpus(seed)`, the first CURRICULUM on short documents; `mixer_drop` and
+    `drop_together`: the recurrent mixers' stochastic depth (drop_mixers)."""
     import torch
 
-    hooks = drop_mixers(model, mixer_drop, random.Random(f"drop-{seed}")) if mixer_drop > 0 else []
+    rng = random.Random(f"drop-{seed}")
+    hooks = drop_mixers(model, mixer_drop, rng, drop_together) if mixer_drop > 0 else []
     assert hooks or mixer_drop <= 0, "mixer_drop asks for recurrent mixers this model does not have"
     stateful = long_memory(model)
     corpus = Corpus(seed, keyed=stateful)

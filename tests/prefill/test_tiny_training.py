@@ -94,3 +94,12 @@ def test_drop_mixers_drops_the_mamba_mixers_in_training_only_and_comes_off():
     assert torch.equal(logits(True), plain)
     for handle in kept:
         handle.remove()
+    together = drop_mixers(model, 1.0, random.Random(0), together=True)  # one draw a step for both, and its hook
+    assert len(together) == 3 and torch.equal(logits(False), plain)
+    dropped = logits(True)
+    for handle in together[:1]:  # the first mixer's hook off: the second alone still drops
+        handle.remove()
+    assert not torch.allclose(dropped, plain) and not torch.allclose(logits(True), dropped)
+    for handle in together[1:]:
+        handle.remove()
+    assert torch.equal(logits(True), plain)
