@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -126,10 +126,10 @@ def drop_mixers(model: torch.nn.Module, p: float, rng: random.Random, together: 
     scrambled-attention control). Returns the hooks' handles."""
     drawn = {"drop": False}
 
-    def draw(module, args):
+    def draw(module: torch.nn.Module, args: Any) -> None:
         drawn["drop"] = module.training and rng.random() < p
 
-    def hook(module, args, output):
+    def hook(module: torch.nn.Module, args: Any, output: Any) -> Any:
         if not module.training or not (drawn["drop"] if together else rng.random() < p):
             return None
         return (output[0] * 0, *output[1:]) if isinstance(output, tuple) else output * 0
