@@ -4,6 +4,14 @@
 R=/root/res
 export UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on
 B="--workloads agentic --lengths 8192 --concurrency 1,8 --deadline-s ${DEADLINE_S:-1200} --graphs ${GRAPHS:-decode}"
+# `probe RUN SETUP GPU [flags]`: benchmarks/gpu/prefill_probe.py, one set-up's prefiller alone on GPU, results in
+# $R/RUN, a line in $R/done.txt when it ends (model: /root/models/$KIND, default qwen3next)
+M=/root/models/${KIND:-qwen3next}
+probe() {  # OUT SETUP GPU [flags]
+  local run=$1 setup=$2 gpu=$3; shift 3; local out=$R/$run; mkdir -p "$out"
+  TMPDIR=/tmp/probe-$gpu python3 -m benchmarks.gpu.prefill_probe --setup "$setup" --model "$M" --out "$out" \
+    --prefill-gpu "$gpu" --decode-gpu "$gpu" "$@" > "$out/$setup.log" 2>&1
+  echo "probe $run $setup gpu$gpu rc=$?" >> "$R/done.txt"; }
 run() { local kind=$1 setup=$2 dir=$3; shift 3
   mkdir -p "$R/$dir"
   local log; log="$R/$dir/$setup$(printf %s "$*" | tr -c 'A-Za-z0-9=._-' _).log"

@@ -19,12 +19,6 @@ mkdir -p "$R/tap"
 families() { FAMILY_GPUS=${FAMILY_GPUS:-"0 1"} FAMILY_GROUPS=${FAMILY_GROUPS:-"zamba2 jamba"} \
   bash deploy/gpu/plans/families-033.sh; wait; }
 if [ "$A" -ge 2 ]; then families & else families; fi
-M=/root/models/${KIND:-qwen3next}
-probe() {  # OUT SETUP GPU [flags]
-  local run=$1 setup=$2 gpu=$3; shift 3; local out=$R/$run; mkdir -p "$out"
-  TMPDIR=/tmp/probe-$gpu python3 -m benchmarks.gpu.prefill_probe --setup "$setup" --model "$M" --out "$out" \
-    --prefill-gpu "$gpu" --decode-gpu "$gpu" "$@" > "$out/$setup.log" 2>&1
-  echo "probe $run $setup gpu$gpu rc=$?" >> "$R/done.txt"; }
 mkdir -p "/tmp/probe-$A" "/tmp/probe-$B"
 probe p1 upstream "$A" & p1=$!; probe p1 hybrid "$B"; wait $p1; echo p1 >> "$R/done.txt"
 probe p2 hybrid "$A" & p2=$!; probe p2 upstream "$B"; wait $p2; echo p2 >> "$R/done.txt"

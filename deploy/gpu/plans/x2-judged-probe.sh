@@ -17,12 +17,6 @@ CONC=${CONC:-1,8} COLD_C8=${COLD_C8:-1} VLLM_ARGS=${VLLM_ARGS:---jit-monitor-ver
   VARIANTS=${VARIANTS:-"--pd-policy always-remote;--no-prefiller-queue"} \
   bash deploy/gpu/plans/judged-2gpu.sh
 export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PATH
-M=/root/models/${KIND:-qwen3next}
-probe() {  # OUT SETUP GPU [flags]
-  local run=$1 setup=$2 gpu=$3; shift 3; local out=$R/$run; mkdir -p "$out"
-  TMPDIR=/tmp/probe-$gpu python3 -m benchmarks.gpu.prefill_probe --setup "$setup" --model "$M" --out "$out" \
-    --prefill-gpu "$gpu" --decode-gpu "$gpu" "$@" > "$out/$setup.log" 2>&1
-  echo "probe $run $setup gpu$gpu rc=$?" >> "$R/done.txt"; }
 mkdir -p /tmp/probe-0 /tmp/probe-1
 probe p1 upstream 0 --profile & probe p1 hybrid 1 --profile & wait; echo p1 >> "$R/done.txt"
 probe p2 hybrid 0 & probe p2 upstream 1 & wait; echo p2 >> "$R/done.txt"
