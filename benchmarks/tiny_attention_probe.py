@@ -2,7 +2,7 @@
 control of tests/support/controls.py replayed on the model itself, to choose a training before a GPU run checks it.
 
 Per family and variant (config overrides, e.g. `mamba_d_conv=2`; `drop=P`, the training's mixer drop, each mixer
-on its own, or `dropall=P`, all at once; default the family's MIXER_DROP): build the tiny model as
+on its own, or `dropall=P`, all at once; default none, as the builds): build the tiny model as
 prefill/dev/tiny_model.py does (same tokenizer, config, seed and training, on this machine's device), round it to
 bf16 as it is served, then for prompts of the controls' shape (random words, a key word among the first 100) compute
 the prefix to a boundary with a cache, spoil the cache, compute the tail (2 tokens: short; 150: long) and 8 greedy
@@ -42,7 +42,7 @@ def build(family: str, variant: str, steps: int, folder: Path, device: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hybrid_pd.prefill.dev import tiny_model as tm
-    from hybrid_pd.prefill.dev.tiny_families import FAMILIES, MIXER_DROP
+    from hybrid_pd.prefill.dev.tiny_families import FAMILIES
     from hybrid_pd.prefill.dev.tiny_training import train
 
     spec = tm.TinyModelSpec(family=family)
@@ -58,7 +58,7 @@ def build(family: str, variant: str, steps: int, folder: Path, device: str):
         for k, _, v in (i.partition("=") for i in variant.split(","))
         if k in ("drop", "dropall")
     ]
-    p, together = drops[-1] if drops else (MIXER_DROP.get(family, 0.0), False)
+    p, together = drops[-1] if drops else (0.0, False)
     train(model, tok, spec.seed, steps, p, together)
     trained_s = time.monotonic() - started
     model = model.to(torch.bfloat16).to(torch.float32).eval()  # the served weights' rounding, computed in fp32

@@ -40,12 +40,6 @@ FAMILIES: dict[str, ConfigBuilder] = {}
 # bump a family's revision when its builder's output changes (its cached folders then rebuild, the others stay):
 # zamba2 1 = tied embeddings; lfm2 1 = trained on unkeyed documents (tiny_training.py: it has no long state)
 FAMILY_REVISION: dict[str, int] = {"zamba2": 1, "lfm2": 1}
-# Stochastic depth on a family's recurrent mixers in training (tiny_training.drop_mixers): none now. Tried to make the
-# tiny Zamba2 and Jamba read their attention blocks (noise in the last one D landed moved them 0.02-0.03 nats, under
-# the tolerance): at 0.3, on vLLM 0.33 they still moved 0.005-0.030 (Zamba2 read less attention in transformers, and
-# forgot the key), benchmarks/results/2026-11-27-h200x4-families-probe-vllm033; benchmarks/tiny_attention_probe.py
-# tries a value (`drop=`, `dropall=`) without a build.
-MIXER_DROP: dict[str, float] = {}
 
 
 def family(name: str) -> Callable[[ConfigBuilder], ConfigBuilder]:

@@ -109,7 +109,7 @@ def _build_weights(spec: TinyModelSpec, vocab: int, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hybrid_pd.prefill.dev.tiny_families import FAMILIES, LAYOUTS, MIXER_DROP
+    from hybrid_pd.prefill.dev.tiny_families import FAMILIES, LAYOUTS
 
     cfg = FAMILIES[spec.family](spec, vocab)
     threads = torch.get_num_threads()
@@ -119,8 +119,7 @@ def _build_weights(spec: TinyModelSpec, vocab: int, out: Path) -> None:
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         if spec.train_steps:  # on a GPU machine (the GPU checks build their models there): seconds, not minutes
             tok = AutoTokenizer.from_pretrained(out)
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            train(model.to(device), tok, spec.seed, spec.train_steps, MIXER_DROP.get(spec.family, 0.0))
+            train(model.to("cuda" if torch.cuda.is_available() else "cpu"), tok, spec.seed, spec.train_steps)
     finally:
         torch.set_num_threads(threads)
     model.to("cpu", getattr(torch, spec.dtype)).save_pretrained(out)

@@ -123,7 +123,9 @@ def drop_mixers(model: torch.nn.Module, p: float, rng: random.Random, together: 
     """Stochastic depth on the recurrent mixers (every module whose class ends in `MambaMixer`): in training, each
     step drops each mixer's output with chance `p` (`together`: all of them at once, one draw a step), so that the
     model learns the rule through its attention layers too and reads its attention blocks at inference (the
-    scrambled-attention control). Returns the hooks' handles."""
+    scrambled-attention control). Returns the hooks' handles. No build uses it: at 0.3 the tiny Zamba2 and Jamba
+    still moved 0.005-0.030 nats under that control on vLLM 0.33, and Zamba2 read attention less in transformers
+    (benchmarks/results/2026-11-27-h200x4-families-probe-vllm033); benchmarks/tiny_attention_probe.py tries it."""
     drawn = {"drop": False}
 
     def draw(module: torch.nn.Module, args: Any) -> None:

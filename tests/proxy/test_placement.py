@@ -184,9 +184,8 @@ def test_a_decoder_that_cannot_serve_is_refused():
 
 
 def test_steps_and_tail_follow_align_mode():
-    # 2026-11-25-h100-prefill-steps: 4,857 tokens from scratch = 4,352 + 505 (two steps); a prompt cut at a
-    # boundary, 4,352, two as well on vLLM 0.32+ (its state is cached only below its last token: 3,808 + 544;
-    # the CPU bed's P logged two steps a turn at the boundary, tests/connector/test_prefiller_hits.py)
+    # 2026-11-25-h100-prefill-steps: 4,857 tokens = 4,352 + 505; cut at a boundary, 4,352 = 3,808 + 544 on vLLM 0.32+
+    # (a state cached only below a prompt's last token; the CPU bed's P: two steps a turn, test_prefiller_hits.py)
     assert local_steps(4857, 0, 544, 8192) == 2
     assert local_steps(4352, 0, 544, 8192) == 2
     assert local_steps(4352, 3808, 544, 8192) == 1  # its last block alone
