@@ -9,7 +9,8 @@ the prefix to a boundary with a cache, spoil the cache, compute the tail (2 toke
 tokens, and report how far the reference tokens' log-probabilities moved (max over positions, nats):
 
     scramble   noise 4x the block's largest magnitude in the last attention block before the boundary, every
-               attention layer, keys and values (connector/vllm_kv_caches.py scramble_block)
+               attention layer, keys and values (connector/vllm_kv_caches.py scramble_block); with
+               --scramble-scale S also "scramble-xS", the noise S times that magnitude
     zero       every recurrent state (conv and SSM) zeroed at the boundary
 
     python3 -m benchmarks.tiny_attention_probe --family jamba --block 48 --variant base --variant mamba_d_conv=2
@@ -87,14 +88,14 @@ def cache_tensors(cache):
     return attention, recurrent
 
 
-def scramble(lo: int, hi: int):
+def scramble(lo: int, hi: int, factor: float = 4.0):
     import torch
 
     def spoil(cache) -> None:
         attention, _ = cache_tensors(cache)
         assert attention, "no attention KV in the cache"
         for i, (k, v) in enumerate(attention):
-            scale = 4.0 * max(float(k[:, :, lo:hi].abs().max()), float(v[:, :, lo:hi].abs().max()), 1.0)
+            scale = factor * max(float(k[:, :, lo:hi].abs().max()), float(v[:, :, lo:hi].abs().max()), 1.0)
             gen = torch.Generator(device="cpu").manual_seed(i)
             for t in (k, v):
                 t[:, :, lo:hi] = (torch.randn(t[:, :, lo:hi].shape, generator=gen) * scale).to(t.device, t.dtype)
@@ -136,18 +137,20 @@ def answer(model, ids: list[int], boundary: int, spoil=None, reference: list[int
     return tokens, logprobs
 
 
-def probe(model, tok, block: int, prompts: int = 4) -> dict:
+def probe(model, tok, block: int, prompts: int = 4, scales: tuple[float, ...] = ()) -> dict:
     from hybrid_pd.prefill.dev.tiny_training import WORDS, keyed
 
     out = {}
     for tail_name, boundary, tail in (("short", -(-299 // block) * block, 2), ("long", -(-256 // block) * block, 150)):
-        moves: dict[str, list[float]] = {"scramble": [], "zero": []}
+        spoils = {"scramble": scramble(boundary - block, boundary), "zero": zero_state}
+        spoils |= {f"scramble-x{s:g}": scramble(boundary - block, boundary, s) for s in scales}
+        moves: dict[str, list[float]] = {name: [] for name in spoils}
         for salt in range(11, 11 + prompts):
             rng = random.Random(salt)
             text = " ".join(keyed([rng.choice(WORDS) for _ in range(900)], salt % 3 + 1))
             ids = tok(text, add_special_tokens=False)["input_ids"][: boundary + tail]
             ref_tokens, ref_lp = answer(model, ids, boundary)
-            for name, spoil in (("scramble", scramble(boundary - block, boundary)), ("zero", zero_state)):
+            for name, spoil in spoils.items():
                 _, lp = answer(model, ids, boundary, spoil, ref_tokens)
                 moves[name].append(round(max(abs(a - b) for a, b in zip(ref_lp, lp)), 3))
         out[tail_name] = moves
@@ -160,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--block", type=int, action="append", required=True, help="aligned block per family (tokens)")
     ap.add_argument("--variant", action="append", default=None, help="config overrides name=value,... or base")
     ap.add_argument("--steps", type=int, default=350)
+    ap.add_argument("--scramble-scale", type=float, action="append", default=[], help="another scramble's noise scale")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tiny-attention-probe"))
     args = ap.parse_args(argv)
     import torch
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
                 "steps": args.steps,
                 "device": device,
                 "trained_s": round(trained_s),
-                **probe(model, tok, block),
+                **probe(model, tok, block, scales=tuple(args.scramble_scale)),
             }
             print(json.dumps(row), flush=True)
             with open(args.out / "results.jsonl", "a") as f:
