@@ -4,14 +4,16 @@
 #   turn through P stopping at N-1, without and with --early-decode: the PD tax with and without the overlap).
 #   Mark "j2-all".
 # - GPU 0: tiny-forwards.sh (vLLM's forward of the tiny Jamba and Zamba2 against transformers'; mark "fw-all"),
-#   then judged-2gpu.sh on Nemotron-H (build it first: `bench_gpu.sh model nemotronh`; P on 0, D on 1) at the same
-#   c, ours alone (no variants), results under j2n. Mark "j2n-all".
+#   beside it the Nemotron-H shape's build (`bench_gpu.sh model nemotronh`), then judged-2gpu.sh on Nemotron-H (P on
+#   0, D on 1) at the same c, ours alone (no variants), results under j2n. Mark "j2n-all".
 # "x4-all" once both sides have ended.
 set -u
 . deploy/gpu/plans/common.sh
 export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PATH
 always="--pd-policy always-remote --prefiller-stop last"
-( CUDA_VISIBLE_DEVICES=0 bash deploy/gpu/plans/tiny-forwards.sh
+( bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 bash deploy/gpu/plans/tiny-forwards.sh
+  wait
   CONC=${CONC:-1,8} COLD_C8=0 VLLM_ARGS=${VLLM_ARGS:---jit-monitor-verbose} P_GPU=0 D_GPU=1 KIND=nemotronh J=j2n \
     VARIANTS="" bash deploy/gpu/plans/judged-2gpu.sh ) &
 CONC=${CONC:-1,8} COLD_C8=0 VLLM_ARGS=${VLLM_ARGS:---jit-monitor-verbose} P_GPU=2 D_GPU=3 \
