@@ -164,6 +164,8 @@ def merge(folder: Path, headline: int) -> dict:
     # the same with P computing N-1 tokens and D the last one (--prefiller-stop last) instead of D the tail past
     # P's aligned boundary in a prefill step of its own (2026-11-27-h100x2-qwen3next-pd-tax-vllm033)
     ratios["pd_overhead_ms_c1_at_n_minus_1"] = pd_tax(phases, f"{ours}-always-remote-prefiller-stop-last")
+    # and with D's request sent beside P's (--early-decode: D admits it while P computes)
+    ratios["pd_overhead_ms_c1_early_decode"] = pd_tax(phases, f"{ours}-always-remote-prefiller-stop-last-early-decode")
     ratios["proxy_added_ms_p50"] = proxy_added(phases, ours)
     ratios["prefill_vs_upstream_prefill"] = prefill_vs_upstream(folder, "hybrid")
     ratios["prefill_vs_upstream_prefill_same_work"] = prefill_vs_upstream(folder, "hybrid-full")
