@@ -1,6 +1,6 @@
-"""answer() of benchmarks/tiny_attention_probe.py, the transformers side of the tiny models' forward checks: a cached prefix
-and then the tail must give what one forward over the whole prompt gives, for Jamba too (whose transformers Mamba
-mixer continues a chunk of several tokens from a zero state)."""
+"""answer() of benchmarks/tiny_attention_probe.py, the transformers side of the tiny models' forward checks: a cached
+prefix and then the tail must give what one forward over the whole prompt gives, for Jamba too (whose transformers
+Mamba mixer continues a chunk of several tokens from a zero state)."""
 
 import random
 
