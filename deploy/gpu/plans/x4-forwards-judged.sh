@@ -5,17 +5,23 @@
 #   Mark "j2-all".
 # - GPU 0: tiny-forwards.sh (vLLM's forward of the tiny Jamba and Zamba2 against transformers'; mark "fw-all"),
 #   beside it the Nemotron-H shape's build (`bench_gpu.sh model nemotronh`), then judged-2gpu.sh on Nemotron-H (P on
-#   0, D on 1) at the same c, ours alone (no variants), results under j2n. Mark "j2n-all".
+#   0, D on 1) at the same c with N_VARIANTS (default none: ours alone), results under j2n. Mark "j2n-all".
+# - GPU 1, beside the forwards, with DECODER_PROBE=1: a decoder's own prefill (a turn D serves alone) without and with
+#   our connector, under the profiler at the end (benchmarks/gpu/prefill_probe.py --role decode --profile, Qwen3-Next;
+#   results under dprobe; marks "probe dprobe none gpu1 ...", "probe dprobe hybrid gpu1 ...").
 # "x4-all" once both sides have ended.
 set -u
 . deploy/gpu/plans/common.sh
 export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PATH
 always="--pd-policy always-remote --prefiller-stop last"
 ( bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1 &
+  if [ "${DECODER_PROBE:-0}" = 1 ]; then
+    ( probe dprobe none 1 --role decode --profile; probe dprobe hybrid 1 --role decode --profile ) &
+  fi
   CUDA_VISIBLE_DEVICES=0 bash deploy/gpu/plans/tiny-forwards.sh
   wait
   CONC=${CONC:-1,8} COLD_C8=0 VLLM_ARGS=${VLLM_ARGS:---jit-monitor-verbose} P_GPU=0 D_GPU=1 KIND=nemotronh J=j2n \
-    VARIANTS="" bash deploy/gpu/plans/judged-2gpu.sh ) &
+    VARIANTS="${N_VARIANTS:-}" bash deploy/gpu/plans/judged-2gpu.sh ) &
 CONC=${CONC:-1,8} COLD_C8=0 VLLM_ARGS=${VLLM_ARGS:---jit-monitor-verbose} P_GPU=2 D_GPU=3 \
   VARIANTS=${VARIANTS-"$always;$always --early-decode"} bash deploy/gpu/plans/judged-2gpu.sh
 wait
