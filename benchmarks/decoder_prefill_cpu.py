@@ -39,6 +39,18 @@ def conversations(n: int, words: int, seed: int = 5) -> list[list[str]]:
     return out
 
 
+def one_request(url: str, prompt: str) -> dict:
+    """One prompt (max_tokens 1) to the engine at `url`: its wall time and WATCH's figures from its /metrics."""
+    before = {"e": scrape(url)}
+    t0 = time.monotonic()
+    post_json(url + "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0})
+    wall = (time.monotonic() - t0) * 1e3
+    time.sleep(0.3)  # the engine's metric logger publishes the request
+    moved = metric_deltas(before, {"e": scrape(url)})["e"]
+    scale = {f: 1e3 if f.endswith("_ms") else 1 for f in WATCH.values()}
+    return {"wall_ms": round(wall, 2)} | {f: round(moved.get(m, 0.0) * scale[f], 2) for m, f in WATCH.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -60,28 +72,9 @@ def main() -> int:
                 for turn, prompt in enumerate(conv):
                     for name in ("hybrid", "none") if (k + turn) % 2 == 0 else ("none", "hybrid"):
                         engine, core = engines[name]
-                        before = {"e": scrape(engine.url)}
-                        t0 = time.monotonic()
-                        post_json(
-                            engine.url + "/v1/completions",
-                            {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0},
-                        )
-                        wall = (time.monotonic() - t0) * 1e3
-                        time.sleep(0.3)  # the engine's metric logger publishes the request
-                        moved = metric_deltas(before, {"e": scrape(engine.url)})["e"]
-                        row = {
-                            "placement": swap,
-                            "conversation": k,
-                            "turn": turn,
-                            "setup": name,
-                            "core": core,
-                            "wall_ms": round(wall, 2),
-                        }
-                        row |= {
-                            f: round(moved.get(m, 0.0) * (1e3 if f.endswith("_ms") else 1), 2) for m, f in WATCH.items()
-                        }
-                        rows.append(row)
-                        log(json.dumps(row))
+                        row = {"placement": swap, "conversation": k, "turn": turn, "setup": name, "core": core}
+                        rows.append(row | one_request(engine.url, prompt))
+                        log(json.dumps(rows[-1]))
         finally:
             for w in cores:
                 w.close()
