@@ -3,7 +3,8 @@
 # - GPUs 2-3: judged-2gpu.sh on Qwen3-Next (P on 2, D on 3) at c = CONC (default 1,8) with VARIANTS (default: every
 #   turn through P stopping at N-1, without and with --early-decode: the PD tax with and without the overlap).
 #   Mark "j2-all".
-# - GPU 0: tiny-forwards.sh (vLLM's forward of the tiny Jamba and Zamba2 against transformers'; mark "fw-all"),
+# - GPU 0: tiny-forwards.sh (vLLM's forward of the tiny Jamba and Zamba2 against transformers'; mark "fw-all"; FORWARDS=0:
+#   not run),
 #   beside it the Nemotron-H shape's build (`bench_gpu.sh model nemotronh`), then judged-2gpu.sh on Nemotron-H (P on
 #   0, D on 1) at the same c with N_VARIANTS (default none: ours alone), results under j2n. Mark "j2n-all".
 # - GPU 1, beside the forwards, with DECODER_PROBE=1: a decoder's own prefill (a turn D serves alone) without and with
@@ -18,7 +19,7 @@ always="--pd-policy always-remote --prefiller-stop last"
   if [ "${DECODER_PROBE:-0}" = 1 ]; then
     ( probe dprobe none 1 --role decode --profile; probe dprobe hybrid 1 --role decode --profile ) &
   fi
-  CUDA_VISIBLE_DEVICES=0 bash deploy/gpu/plans/tiny-forwards.sh
+  [ "${FORWARDS:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=0 bash deploy/gpu/plans/tiny-forwards.sh
   wait
   CONC=${CONC:-1,8} COLD_C8=0 VLLM_ARGS=${VLLM_ARGS:---jit-monitor-verbose} P_GPU=0 D_GPU=1 KIND=nemotronh J=j2n \
     VARIANTS="${N_VARIANTS:-}" bash deploy/gpu/plans/judged-2gpu.sh ) &
