@@ -11,11 +11,16 @@
 #   our connector, under the profiler at the end (benchmarks/gpu/prefill_probe.py --role decode --profile, Qwen3-Next;
 #   results under dprobe; marks "probe dprobe none gpu1 ...", "probe dprobe hybrid gpu1 ...").
 # "x4-all" once both sides have ended.
+# Each side on its own half of the host's cores (PIN=0: not): a prefill step of these shapes is CPU-bound (kernels
+# ~18 of 68-105 ms in 2026-11-27-h100x4-qwen3next-judged-vllm033-r6), so one side's compiles slowed the other's cells.
 set -u
 . deploy/gpu/plans/common.sh
 export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PATH
 always="--pd-policy always-remote --prefiller-stop last"
-( bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1 &
+n=$(nproc) half=$(( $(nproc) / 2 ))
+pin() { if [ "${PIN:-1}" = 1 ] && [ "$half" -ge 2 ]; then taskset -cp "$1" "$BASHPID" > /dev/null; fi; }
+( pin "0-$((half - 1))"
+  bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1 &
   if [ "${DECODER_PROBE:-0}" = 1 ]; then
     ( probe dprobe none 1 --role decode --profile; probe dprobe hybrid 1 --role decode --profile ) &
   fi
@@ -23,7 +28,8 @@ always="--pd-policy always-remote --prefiller-stop last"
   wait
   CONC=${CONC:-1,8} COLD_C8=0 VLLM_ARGS=${VLLM_ARGS:---jit-monitor-verbose} P_GPU=0 D_GPU=1 KIND=nemotronh J=j2n \
     VARIANTS="${N_VARIANTS:-}" bash deploy/gpu/plans/judged-2gpu.sh ) &
-CONC=${CONC:-1,8} COLD_C8=0 VLLM_ARGS=${VLLM_ARGS:---jit-monitor-verbose} P_GPU=2 D_GPU=3 \
-  VARIANTS=${VARIANTS-"$always;$always --early-decode"} bash deploy/gpu/plans/judged-2gpu.sh
+( pin "$half-$((n - 1))"
+  CONC=${CONC:-1,8} COLD_C8=0 VLLM_ARGS=${VLLM_ARGS:---jit-monitor-verbose} P_GPU=2 D_GPU=3 \
+    VARIANTS=${VARIANTS-"$always;$always --early-decode"} bash deploy/gpu/plans/judged-2gpu.sh ) &
 wait
 echo x4-all >> "$R/done.txt"
