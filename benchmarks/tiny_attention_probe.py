@@ -30,7 +30,7 @@ def configure(cfg, variant: str):
     """`cfg` with the variant's overrides (`name=value,...`; `base`: none; `drop=`: the training's, below), values
     cast to the field's type."""
     for item in filter(None, variant.split(",")):
-        if item == "base" or item.startswith(("drop=", "dropall=")):
+        if item == "base" or item.startswith(("drop=", "dropall=", "recall=")):
             continue
         name, value = item.split("=", 1)
         old = getattr(cfg, name)
@@ -60,7 +60,8 @@ def build(family: str, variant: str, steps: int, folder: Path, device: str):
         if k in ("drop", "dropall")
     ]
     p, together = drops[-1] if drops else (0.0, False)
-    train(model, tok, spec.seed, steps, p, together)
+    recall = [float(v) for k, _, v in (i.partition("=") for i in variant.split(",")) if k == "recall"]
+    train(model, tok, spec.seed, steps, p, together, recall[-1] if recall else 0.0)
     trained_s = time.monotonic() - started
     model = model.to(torch.bfloat16).to(torch.float32).eval()  # the served weights' rounding, computed in fp32
     return model, tok, trained_s

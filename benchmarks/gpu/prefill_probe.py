@@ -1,6 +1,6 @@
 """The prefiller alone: the same prompts on one prefill engine per set-up, to find where a prefill's time goes.
 
-    python3 -m benchmarks.gpu.prefill_probe --setup none|upstream|hybrid|hybrid-noship --model DIR --out DIR
+    python3 -m benchmarks.gpu.prefill_probe --setup none|upstream|hybrid|hybrid-noship --model DIR --out DIR [--burst 8]
 
 Each set-up is one prefill engine started by our launcher with the GPU benchmark's flags (setups.Gpus:
 same memory share, CUDA graphs, warm-up), differing only in its connector: none (no PD), upstream (vLLM's
@@ -12,9 +12,11 @@ where a connector runs; the same body without it as a "plain" request on our eng
 - a turn that extends an earlier prompt (4,352 cached + 2,396 new), as a conversation's next turn.
 Per request: the client's wall time and the engine's /metrics deltas (scheduled-to-first-token = prefill time,
 queue time, engine steps, prompt and cached tokens). No decoder runs: the P leg's own cost is what differs.
-Writes OUT/prefill-SETUP.json (--role decode: OUT/prefill-SETUP-decode.json, a decoder engine given every
-request plain, as a turn D serves alone: whether our connector slows a decoder's own prefill). With --profile,
-a last round (cold 4,858, cold 8,192, an aligned 4,352 and its extension to 6,748) runs under vLLM's torch profiler, and
+With --burst N, then rounds of N cold prompts sent at once and their N extensions at once (the P legs c=N sends):
+each request's wall time from its burst's start. Writes OUT/prefill-SETUP.json (--role decode:
+OUT/prefill-SETUP-decode.json, a decoder engine given every request plain, as a turn D serves alone: whether our
+connector slows a decoder's own prefill). With --profile, a last round (cold 4,858, cold 8,192, an aligned 4,352
+and its extension to 6,748) runs under vLLM's torch profiler, and
 OUT/profile-SETUP.json sums its trace: GPU kernel time against the engine step's wall time, the top kernels and
 vLLM's own annotated regions.
 """
@@ -94,6 +96,45 @@ def summarize_traces(folder: Path) -> dict:
     return out
 
 
+BURST_ROUNDS = 3
+
+
+def send_leg(url: str, ids: list[int], p_leg: bool, t0: float) -> float:
+    """One request of a burst (a P leg where `p_leg`): ms from the burst's start `t0` to its answer."""
+    body = {"model": "m", "prompt": ids, "max_tokens": 1, "stream": False, "temperature": 0}
+    if p_leg:
+        body["kv_transfer_params"] = KV_PARAMS
+    post_json(url + "/v1/completions", body)
+    return round((time.monotonic() - t0) * 1e3, 2)
+
+
+def bursts(url: str, n: int, seed: int, p_leg: bool, first: tuple[int, int] = (4400, 5300),
+           more: tuple[int, int] = (2000, 2800), vocab: int = 1000) -> list[dict]:
+    """BURST_ROUNDS rounds of `n` cold prompts (`first`: 4,400-5,300 tokens, as the agentic workload's first turns)
+    sent at once, then their `n` extensions (`more`: +2,000-2,800 tokens) at once: per request its wall time from
+    the burst's start, per burst the engine's /metrics deltas. Where a P leg's requests end together (a batch
+    finishes at its last step) and how late, against upstream's P on the same burst, is what c=N's remote turns
+    wait for. Token ids below `vocab`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(seed + 2)
+    rows: list[dict] = []
+    with ThreadPoolExecutor(max(n, 1)) as pool:
+        for r in range(BURST_ROUNDS if n else 0):
+            firsts = [[rng.randrange(10, vocab) for _ in range(rng.randrange(*first))] for _ in range(n)]
+            nexts = [ids + [rng.randrange(10, vocab) for _ in range(rng.randrange(*more))] for ids in firsts]
+            for kind, batch in (("cold", firsts), ("extend", nexts)):
+                before = {"p": scrape(url)}
+                t0 = time.monotonic()
+                walls = list(pool.map(lambda ids, t0=t0: send_leg(url, ids, p_leg, t0), batch))
+                moved = metric_deltas(before, {"p": scrape(url)})["p"]
+                rows.append({"label": f"burst {r} {kind} x{n}", "tokens": [len(ids) for ids in batch],
+                             "p_leg": p_leg, "burst": True, "wall_ms": sorted(walls),
+                             **{field: round(moved.get(m, 0.0) * 1e3, 2) if field.endswith("_ms")
+                                else moved.get(m, 0.0) for m, field in WATCH.items()}})
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setup", required=True, choices=["none", "upstream", "hybrid", "hybrid-noship", "hybrid-full"])
@@ -101,6 +142,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     Gpus.add_flags(ap)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--burst", type=int, default=0,
+                    help="N: then BURST_ROUNDS bursts of N cold prompts sent at once, each followed by a burst of "
+                         "their extensions (a conversation's next turn), as c=N sends them")
     ap.add_argument("--role", choices=["prefill", "decode"], default="prefill",
                     help="decode: a decoder engine, every request plain (what a turn D serves alone computes)")
     args = ap.parse_args()
@@ -140,6 +184,10 @@ def main() -> int:
             for metric, field in WATCH.items():  # not `name`: the profile's file is named by it below
                 v = moved.get(metric, 0.0)
                 row[field] = round(v * 1e3, 2) if field.endswith("_ms") else v
+            result["rows"].append(row)
+            log(json.dumps(row))
+            part.write_text(json.dumps(result, indent=1))
+        for row in bursts(p.url, args.burst, args.seed, connector != "none" and args.role == "prefill"):
             result["rows"].append(row)
             log(json.dumps(row))
             part.write_text(json.dumps(result, indent=1))

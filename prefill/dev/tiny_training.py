@@ -48,6 +48,7 @@ KEYED = 0.5  # of the documents, how many are keyed (most prompts of the tests c
 SLOW_DECAY = 1e-3  # A of the long-memory heads (decay per token exp(-A * dt))
 SHORT, LONG = (8, 128), (4, 512)  # (batch, tokens) of the short and the long documents
 CURRICULUM = 100  # steps on short documents before the long ones
+RECALL_START, RECALL_SPAN = (32, 128), (4, 24)  # a recall document's random words, then the spans it copies
 
 
 class Corpus:
@@ -55,8 +56,9 @@ class Corpus:
 
     NOISE = 0.15
 
-    def __init__(self, seed: int, keyed: bool = True):
+    def __init__(self, seed: int, keyed: bool = True, recall: float = 0.0):
         self.keyed = keyed  # False: every document unkeyed (key 0)
+        self.recall = recall  # of the documents, how many repeat a span of random words (recalled through attention)
         self.words = sorted(set(WORDS))
         self.rng = random.Random(f"corpus-{seed}")
         n = len(self.words)
@@ -69,6 +71,8 @@ class Corpus:
 
     def document(self, n_words: int) -> str:
         n, rng = len(self.words), self.rng
+        if self.recall and rng.random() < self.recall:
+            return self.recalled(n_words)
         key = rng.randrange(1, len(KEYS) + 1) if self.keyed and rng.random() < KEYED else 0
         first = rng.randrange(16, max(17, min(200, n_words // 2)))  # the first words, where the key word shows
         out = [rng.randrange(n) for _ in range(3)]
@@ -80,6 +84,25 @@ class Corpus:
             out.append(rng.randrange(n) if rng.random() < self.NOISE else self.perms[key][self.table[out[-3]][out[-1]]])
             text.append(self.words[out[-1]])
         return " " + " ".join(text)
+
+    def recalled(self, n_words: int) -> str:
+        """Random words, then spans copied from earlier in the document: a span starts with a random word and
+        copies the RECALL_SPAN words that followed that word's last occurrence (an induction copy). Only attention
+        can look a word up among hundreds; a recurrent state of this size cannot hold them all, a short convolution
+        sees the last few. Tried on the tiny Zamba2 (Corpus `recall`; benchmarks/tiny_attention_probe.py
+        `--variant recall=P`): at 0.3-0.6 of the documents and up to 1,200 steps on this CPU it learnt neither the
+        copy nor, at 0.5, the rule (loss at chance), and noise in an attention block moved it by 0.00-0.13 nats; no
+        build uses it."""
+        rng, words = self.rng, self.words
+        out = [rng.choice(words) for _ in range(min(n_words, rng.randrange(*RECALL_START)))]
+        while len(out) < n_words:
+            out.append(rng.choice(words))  # a span's first word: random
+            last = max((i for i in range(len(out) - 1) if out[i] == out[-1]), default=None)
+            for j in range(rng.randrange(*RECALL_SPAN)):
+                if last is None or len(out) >= n_words:
+                    break
+                out.append(out[last + 1 + j] if last + 1 + j < len(out) - 1 else rng.choice(words))
+        return " " + " ".join(out[:n_words])
 
 
 def keyed(words: list[str], key: int) -> list[str]:
@@ -149,16 +172,18 @@ def train(
     steps: int,
     mixer_drop: float = 0.0,
     drop_together: bool = False,
+    recall: float = 0.0,
 ) -> None:
     """`steps` of next-token training on `Corpus(seed)`, the first CURRICULUM on short documents; `mixer_drop` and
-    `drop_together`: the recurrent mixers' stochastic depth (drop_mixers)."""
+    `drop_together`: the recurrent mixers' stochastic depth (drop_mixers); `recall`: the share of recall documents
+    (Corpus.recalled)."""
     import torch
 
     rng = random.Random(f"drop-{seed}")
     hooks = drop_mixers(model, mixer_drop, rng, drop_together) if mixer_drop > 0 else []
     assert hooks or mixer_drop <= 0, "mixer_drop asks for recurrent mixers this model does not have"
     stateful = long_memory(model)
-    corpus = Corpus(seed, keyed=stateful)
+    corpus = Corpus(seed, keyed=stateful, recall=recall)
     pieces = [tok(" " + k, add_special_tokens=False)["input_ids"] for k in KEYS]
     assert all(len(p) == 1 for p in pieces), f"a key word is not one token: {pieces}"  # hide_keys needs one each
     key_ids = torch.tensor([p[0] for p in pieces])

@@ -7,6 +7,9 @@
 #   not run),
 #   beside it the Nemotron-H shape's build (`bench_gpu.sh model nemotronh`), then judged-2gpu.sh on Nemotron-H (P on
 #   0, D on 1) at the same c with N_VARIANTS (default none: ours alone), results under j2n. Mark "j2n-all".
+# - GPU 0, with P_BURST=N, after the forwards: upstream's prefiller, then ours, each alone under the prefiller probe
+#   and bursts of N P legs at once (benchmarks/gpu/prefill_probe.py --burst N, Qwen3-Next; results under pburst):
+#   whether our P's calls end later than upstream's when c=N sends them together.
 # - GPU 1, beside the forwards, with DECODER_PROBE=1: a decoder's own prefill (a turn D serves alone) without and with
 #   our connector, under the profiler at the end (benchmarks/gpu/prefill_probe.py --role decode --profile, Qwen3-Next;
 #   results under dprobe; marks "probe dprobe none gpu1 ...", "probe dprobe hybrid gpu1 ...").
@@ -25,6 +28,9 @@ pin() { if [ "${PIN:-1}" = 1 ] && [ "$half" -ge 2 ]; then taskset -cp "$1" "$BAS
     ( probe dprobe none 1 --role decode --profile; probe dprobe hybrid 1 --role decode --profile ) &
   fi
   [ "${FORWARDS:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=0 bash deploy/gpu/plans/tiny-forwards.sh
+  if [ "${P_BURST:-0}" -gt 0 ]; then  # the prefiller alone under bursts of P legs, upstream's then ours, on GPU 0
+    probe pburst upstream 0 --burst "$P_BURST"; probe pburst hybrid 0 --burst "$P_BURST"
+  fi
   wait
   CONC=${CONC:-1,8} COLD_C8=0 VLLM_ARGS=${VLLM_ARGS:---jit-monitor-verbose} P_GPU=0 D_GPU=1 KIND=nemotronh J=j2n \
     VARIANTS="${N_VARIANTS:-}" bash deploy/gpu/plans/judged-2gpu.sh ) &
