@@ -7,8 +7,8 @@ import torch
 
 from hybrid_pd.prefill.dev.tiny_training import (
     DENSITY,
-    RECALL_START,
     KEYS,
+    RECALL_START,
     WORDS,
     Corpus,
     drop_mixers,
