@@ -142,7 +142,9 @@ def judged(parts: dict, tables: dict, headline: int, workload: str = "agentic") 
     """(ratios, basis) over `parts` (set-up name -> part; variants named set-up + tag) and merge's `tables`."""
     ours, col, up = parts.get(OURS, {}), parts.get(COLOCATED, {}), parts.get(UPSTREAM, {})
     worst, where = worst_vs(tables, OURS, UPSTREAM)
-    rates = {name: goodput(parts[name], workload, headline) for name in (OURS, COLOCATED, *PEERS) if name in parts}
+    variants = sorted(n for n in parts if n.startswith(OURS + "-") and n not in PEERS)  # ours' A/Bs: shown, no peer
+    rates = {name: goodput(parts[name], workload, headline)
+             for name in (OURS, COLOCATED, *PEERS, *variants) if name in parts}
     pooled = {name: r.get("all") for name, r in rates.items()}
     peers = {name: v for name, v in pooled.items() if name in PEERS and v is not None}  # the floor is no peer
     best = max(peers, key=peers.__getitem__) if peers else None
@@ -163,7 +165,7 @@ def judged(parts: dict, tables: dict, headline: int, workload: str = "agentic") 
     basis = {"worst_vs_upstream_cell": where, "slo": {"ttft_ms": TTFT_SLO_MS, "itl_p90_ms": ITL_SLO_MS},
              "goodput_turns_per_s": rates, "best_peer": best, "dlocal_c1": dlocal,
              "hybrid_misroutes": {name: misroutes(p, col if not p.get("tag") else None) for name, p in parts.items()
-                                  if name == OURS or name in PEERS[1:]}}
+                                  if name == OURS or name in PEERS[1:] or name in variants}}
     return ratios, basis
 
 

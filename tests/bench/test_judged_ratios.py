@@ -130,3 +130,17 @@ def test_the_merge_keeps_the_c1_ttft_ratios_under_their_judged_names(tmp_path, p
     r = merged(tmp_path, parts)["ratios"]
     assert r["ttft_p50_vs_colocated_c1"] == pytest.approx(130 / 95)  # upper middles of 4
     assert r["ttft_p50_vs_upstream_c1"] == pytest.approx(130 / 200)
+
+
+def test_ours_variants_get_their_goodput_shown_and_are_no_peer(tmp_path, parts):
+    early = OURS + "-early-decode"
+    before = merged(tmp_path, parts)["ratios"]
+    eight = [row(s, t, 60, conc=8) for s in "ab" for t in (0, 1)]
+    parts[early] = part(OURS, [run(c1([50, 50, 50, 50]), 1, 900, wall_s=0.5), run(eight, 8, 2000, wall_s=0.5)],
+                        tag="-early-decode")
+    out = merged(tmp_path, parts)
+    rates = out["ratio_basis"]["judged"]["goodput_turns_per_s"]
+    assert rates[early] == judged.goodput(parts[early], "agentic", 8192)  # shown: 4 good turns in 0.5 s a cell
+    assert rates[early]["all"] == 8.0 > max(rates[n]["all"] for n in (UP, ISL, NCT))  # above every peer's
+    assert out["ratios"]["goodput_vs_best_peer"] == before["goodput_vs_best_peer"]  # yet no peer
+    assert out["ratio_basis"]["judged"]["best_peer"] != early
