@@ -25,12 +25,14 @@ import sys
 import time
 from pathlib import Path
 
+TRAINING = ("drop", "dropall", "recall")  # a variant's training knobs (tiny_training.train), not config fields
+
 
 def configure(cfg, variant: str):
     """`cfg` with the variant's overrides (`name=value,...`; `base`: none; `drop=`: the training's, below), values
     cast to the field's type."""
     for item in filter(None, variant.split(",")):
-        if item == "base" or item.startswith(("drop=", "dropall=", "recall=")):
+        if item == "base" or item.partition("=")[0] in TRAINING:
             continue
         name, value = item.split("=", 1)
         old = getattr(cfg, name)
@@ -54,14 +56,9 @@ def build(family: str, variant: str, steps: int, folder: Path, device: str):
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(device)
     tok = AutoTokenizer.from_pretrained(folder)
     started = time.monotonic()
-    drops = [
-        (float(v), k == "dropall")
-        for k, _, v in (i.partition("=") for i in variant.split(","))
-        if k in ("drop", "dropall")
-    ]
-    p, together = drops[-1] if drops else (0.0, False)
-    recall = [float(v) for k, _, v in (i.partition("=") for i in variant.split(",")) if k == "recall"]
-    train(model, tok, spec.seed, steps, p, together, recall[-1] if recall else 0.0)
+    training = {k: float(v) for k, _, v in (i.partition("=") for i in variant.split(",")) if k in TRAINING}
+    drop = training.get("dropall", training.get("drop", 0.0))  # dropall: every mixer at once; drop: each alone
+    train(model, tok, spec.seed, steps, drop, "dropall" in training, training.get("recall", 0.0))
     trained_s = time.monotonic() - started
     model = model.to(torch.bfloat16).to(torch.float32).eval()  # the served weights' rounding, computed in fp32
     return model, tok, trained_s

@@ -99,12 +99,17 @@ def summarize_traces(folder: Path) -> dict:
 BURST_ROUNDS = 3
 
 
-def send_leg(url: str, ids: list[int], p_leg: bool, t0: float) -> float:
-    """One request of a burst (a P leg where `p_leg`): ms from the burst's start `t0` to its answer."""
+def leg_body(ids: list[int], p_leg: bool) -> dict:
+    """One token after `ids`; a P leg (`do_remote_decode`) where `p_leg`, else a plain request."""
     body = {"model": "m", "prompt": ids, "max_tokens": 1, "stream": False, "temperature": 0}
     if p_leg:
         body["kv_transfer_params"] = KV_PARAMS
-    post_json(url + "/v1/completions", body)
+    return body
+
+
+def send_leg(url: str, ids: list[int], p_leg: bool, t0: float) -> float:
+    """One request of a burst: ms from the burst's start `t0` to its answer."""
+    post_json(url + "/v1/completions", leg_body(ids, p_leg))
     return round((time.monotonic() - t0) * 1e3, 2)
 
 
@@ -171,9 +176,7 @@ def main() -> int:
         p = engines.ready(engines.start(args.role, args.role, connector))
         result["start_s"] = engines.start_s
         for label, ids, p_leg in prompts(args.seed):
-            body = {"model": "m", "prompt": ids, "max_tokens": 1, "stream": False, "temperature": 0}
-            if p_leg and connector != "none" and args.role == "prefill":
-                body["kv_transfer_params"] = KV_PARAMS
+            body = leg_body(ids, p_leg and connector != "none" and args.role == "prefill")
             before = {"p": scrape(p.url)}
             t0 = time.monotonic()
             resp = post_json(p.url + "/v1/completions", body)
@@ -197,10 +200,7 @@ def main() -> int:
             base = [rng.randrange(10, 1000) for _ in range(4352)]
             for ids in ([rng.randrange(10, 1000) for _ in range(4858)], [rng.randrange(10, 1000) for _ in range(8192)],
                         base, base + [rng.randrange(10, 1000) for _ in range(2396)]):  # the last extends the third
-                body = {"model": "m", "prompt": ids, "max_tokens": 1, "stream": False, "temperature": 0}
-                if connector != "none":
-                    body["kv_transfer_params"] = KV_PARAMS
-                post_json(p.url + "/v1/completions", body)
+                post_json(p.url + "/v1/completions", leg_body(ids, connector != "none"))
             post_raw(p.url + "/stop_profile")
             time.sleep(5)
             (args.out / f"profile-{name}.json").write_text(json.dumps(summarize_traces(prof_dir), indent=1))
