@@ -1,6 +1,6 @@
 """CPU per request of the whole PD flow in one process: the fake workers, the proxy and a raw client on one loop.
 
-    python -m benchmarks.proxy_inproc [--requests 5000] [--rounds 5] [--stream] [--floor]
+    python -m benchmarks.proxy_inproc [--requests 5000] [--rounds 5] [--stream] [--floor] [--prompt-ids 9000]
     PYTHONPATH=DIR python -m benchmarks.proxy_inproc ...          (the proxy as importable from DIR: an older copy)
 
 proxy_ab.py measures the proxy's own process against its peers, each woken three times per request by the
@@ -95,8 +95,10 @@ async def main(args: argparse.Namespace) -> None:
 
 async def measure(port: int, args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
-    body = b'{"model": "fake-model", "prompt": "%s", "max_tokens": %d, "stream": %s}' % (
-        b"hello world " * 50, args.tokens, b"true" if args.stream else b"false")
+    prompt = (b"[%b]" % b", ".join(b"%d" % (10 + i * 7919 % 150000) for i in range(args.prompt_ids)) if args.prompt_ids
+              else b'"%b"' % (b"hello world " * 50))
+    body = b'{"model": "fake-model", "prompt": %b, "max_tokens": %d, "stream": %s}' % (
+        prompt, args.tokens, b"true" if args.stream else b"false")
     request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
     _, client = await loop.create_connection(Client, "127.0.0.1", port)
@@ -126,5 +128,7 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--prompt-ids", type=int, default=0,
+                    help="N: the prompt as N token ids (a real shape's 8k turn: 9000), not 50 words of text")
     ap.add_argument("--floor", action="store_true", help="benchmarks/proxy_floor.py in the proxy's place")
     uvloop.run(main(ap.parse_args()))

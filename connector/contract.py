@@ -32,3 +32,9 @@ STOP_BOUNDARY, STOP_LAST = "boundary", "last"
 # decoder's params inbox (connector/params_inbox.py), and how long the decoder waits for them (seconds) before it
 # computes the prompt itself.
 AWAIT_PREFILL, AWAIT_S = "hybrid_pd_await_prefill", "hybrid_pd_await_s"
+
+# In the prefill request's kv_transfer_params: False where the proxy's policy never serves a turn on the decoder
+# alone (--pd-policy always-remote): P then ships no aligned Mamba checkpoint beside the state D resumes from (the
+# checkpoint below N-1, or a junction's), bytes every such turn would pay for a next turn the decoder never serves
+# alone. Absent or True: the prefiller's own setting (ship_checkpoints).
+SHIP_CHECKPOINT = "hybrid_pd_ship_checkpoint"

@@ -23,7 +23,14 @@ from typing import Any, Protocol
 
 import msgspec
 
-from hybrid_pd.connector.contract import AWAIT_PREFILL, DECODER_KNOWS, PREFILL_STOP, STOP_BOUNDARY, STOP_LAST
+from hybrid_pd.connector.contract import (
+    AWAIT_PREFILL,
+    DECODER_KNOWS,
+    PREFILL_STOP,
+    SHIP_CHECKPOINT,
+    STOP_BOUNDARY,
+    STOP_LAST,
+)
 from hybrid_pd.connector.early_decode import EarlyDecodes, OutcomeSource
 from hybrid_pd.connector.errors import ConnectorError
 from hybrid_pd.connector.integrity import digest_targets
@@ -220,8 +227,8 @@ class SchedulerSide:
         self, request: Any, num_tokens: int, block_ids: Sequence[Sequence[int]]
     ) -> list[CheckpointRef]:
         refs: list[CheckpointRef] = []
-        if not self.ship_checkpoints:
-            return refs
+        if not self.ship_checkpoints or (request.kv_transfer_params or {}).get(SHIP_CHECKPOINT) is False:
+            return refs  # (the proxy's policy never serves the next turn on D alone)
         # At a junction P's stop is a boundary D resumes from but would not keep (vLLM caches a prompt's state at
         # its last boundary only, and D's prompt goes on): the request's own state block there crosses a second
         # time, as a checkpoint for D to keep (P holds it for D's READ as it holds every block of the request).

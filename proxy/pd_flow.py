@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any
 
-from hybrid_pd.connector.contract import DECODER_KNOWS, PREFILL_STOP
+from hybrid_pd.connector.contract import DECODER_KNOWS, PREFILL_STOP, SHIP_CHECKPOINT
 
 from .early_decode import EarlyDecode
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
@@ -175,6 +175,8 @@ class PDFlow:
             body["kv_transfer_params"][PREFILL_STOP] = junction or turn.placement.stop
         elif self.config.disagg.prefiller_stop != "model":  # the peers' deciders: the stop --prefiller-stop names
             body["kv_transfer_params"][PREFILL_STOP] = self.config.disagg.prefiller_stop
+        if self.config.disagg.pd_policy == "always-remote":  # no turn on D alone: no checkpoint for one to keep
+            body["kv_transfer_params"][SHIP_CHECKPOINT] = False
         if turn.decoder is not None:
             known = self.handshakes.known_to(prefiller.url, turn.decoder.url, turn.decoder.identity)
             if known is not None:

@@ -4,7 +4,14 @@ checkpoint store. The worker half is in test_worker_side.py."""
 import itertools
 from types import SimpleNamespace
 
-from hybrid_pd.connector.contract import AWAIT_PREFILL, AWAIT_S, PREFILL_STOP, STOP_BOUNDARY, STOP_LAST
+from hybrid_pd.connector.contract import (
+    AWAIT_PREFILL,
+    AWAIT_S,
+    PREFILL_STOP,
+    SHIP_CHECKPOINT,
+    STOP_BOUNDARY,
+    STOP_LAST,
+)
 from hybrid_pd.connector.messages import (
     PROTOCOL_VERSION,
     PrefillOutcome,
@@ -130,6 +137,23 @@ def test_prefiller_cuts_one_token_and_returns_params_with_a_pinned_checkpoint():
     # an aborted prefill frees at once and returns nothing
     req2 = request(11, {"do_remote_decode": True}, "r2")
     assert p.request_finished(req2, ([1], [2]), finished_ok=False) == (False, None)
+
+
+def test_a_prefiller_told_no_next_turn_comes_to_the_decoder_ships_no_checkpoint():
+    """The proxy's always-remote policy marks P's request (SHIP_CHECKPOINT False): at N-1, or at a junction, P pins
+    and ships no aligned checkpoint beside the state D resumes from; unmarked, it does."""
+    below = [{"group": 0, "block": 50, "tokens": 8}]  # the checkpoint at 8, below P's stop at 10
+    for mark, shipped in ((False, []), (True, below), (None, below)):  # None: no mark
+        store = FakeStore()
+        p = SchedulerSide(engine_id="P", host="h", port=7, groups=GROUPS, lease_s=9, checkpoints=store)
+        params = {"do_remote_decode": True, PREFILL_STOP: STOP_LAST}
+        if mark is not None:
+            params[SHIP_CHECKPOINT] = mark
+        req = request(11, params)
+        assert p.on_new_request(req) == 10
+        req.num_computed_tokens = 10
+        _, out = p.request_finished(req, ([0, 0, 3], [5, 6, 7]), finished_ok=True)
+        assert out["checkpoints"] == shipped and store.pinned == [(0, 8)] * len(shipped)
 
 
 def test_prefiller_params_carry_each_ranks_handshake_through_json():

@@ -1,6 +1,7 @@
 """The handshake once per (P, D) with real engines (our connector on both, the tiny model): through the proxy,
 P's first answer carries its handshake and the next ones do not (the proxy told P that D knows its engine), and
-every turn is still read over NIXL, none failed or computed by D instead.
+every turn is still read over NIXL, none failed or computed by D instead. Under always-remote P stops at N-1 and
+ships no aligned checkpoint below it (the proxy marks its request: no turn on D alone would resume from one).
 
 Runs in the engine lane (`-m engines`)."""
 
@@ -24,13 +25,15 @@ def test_later_turns_read_without_the_handshake(engine_set, tiny_model):
 
     async def body():
         config = ProxyConfig.from_flat({"port": 0, "prefill": [urls["p"]], "decode": [urls["d"]],
-                                        "health_interval": 0, "load_interval": 0, "pd_policy": "always-remote"})
+                                        "health_interval": 0, "load_interval": 0, "pd_policy": "always-remote",
+                                        "prefiller_stop": "last"})
         async with serve_in_background(config) as proxy, aiohttp.ClientSession() as s:
-            memo, carried = proxy.app.flow.handshakes, []
+            memo, carried, shipped = proxy.app.flow.handshakes, [], []
             record = memo.seen
 
             def seen(prefiller, params):
                 carried.append(bool(params.get("handshakes")))
+                shipped.append((params["remote_num_tokens"], params.get("checkpoints")))
                 record(prefiller, params)
 
             memo.seen = seen
@@ -41,6 +44,7 @@ def test_later_turns_read_without_the_handshake(engine_set, tiny_model):
                     assert r.status == 200, await r.text()
             moved = delta(before, d_metrics(urls["d"]))
             assert carried == [True, False, False]
+            assert all(n > 256 and checkpoints == [] for n, checkpoints in shipped), shipped  # a boundary below N-1
             assert moved["hybrid_pd_bytes_transferred_count"] == 3 and moved["hybrid_pd_failed_transfers_total"] == 0
             assert proxy.state.metrics.requests.labels("completions", "remote_prefill", "200").value == 3
 

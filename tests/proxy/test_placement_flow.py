@@ -259,3 +259,22 @@ def test_each_placed_turn_feeds_q_and_d_alone_carries_the_next_turns_term_unless
         assert (cost > ttft + 1) if next_turn else cost == ttft
     q, after, calls = run(body(True, 16))
     assert calls == 1 and after == pytest.approx(q + 0.2 * (1 - q))
+
+
+def test_only_a_policy_that_never_serves_d_alone_tells_p_to_ship_no_checkpoint():
+    """always-remote marks P's request SHIP_CHECKPOINT False: no turn on D alone will resume from a checkpoint
+    (connector/contract.py); ours, whose next turns on D alone do, leaves P's own setting."""
+    from hybrid_pd.connector.contract import SHIP_CHECKPOINT
+    from hybrid_pd.proxy.workers import EngineLoad
+
+    async def body(policy: str):
+        async with kv_cluster(pd_policy=policy, prefiller_stop="last") as (proxy, p, d1, d2, pubs):
+            await warm(proxy, pubs[0], p.url, [stored(HASHES[:1], 0, "full_attention"), stored(HASHES[:1], 1, "mamba")])
+            for w in proxy.state.pool.all("decode"):
+                w.engine = EngineLoad(running=7, waiting=0)  # a busy D: ours goes to P too
+            status, _ = await post(proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+            assert status == 200 and len(p.generate_calls) == 1
+            return p.generate_calls[0].body["kv_transfer_params"].get(SHIP_CHECKPOINT, "unmarked")
+
+    assert run(body("always-remote")) is False
+    assert run(body("ours")) == "unmarked"
