@@ -2,7 +2,7 @@
 # GPU benchmark at real model shapes on ONE GPU, one set-up per device call (each well under 10 minutes).
 # The lent GPU machine has no package index and is given back 30 s after a call, so the wheelhouse
 # (build_wheelhouse.sh, ~400 MB; VLLM=0.33.0's, with its own torch 2.14: 2.0 GiB, 41 chunks) travels as tar
-# chunks of CHUNK_MB MiB (default 50: a call carries 64 MiB with the working tree, ~12 MB on disk as of
+# chunks of CHUNK_MB MiB (default 40: a call carries 64 MiB with the working tree, ~12 MB on disk as of
 # 2026-11-26), one per call, kept on its disk until the last arrives;
 # every step below is idempotent, so calls can be chained back to back.
 #
@@ -46,8 +46,8 @@ cmd=${1:?usage: bench_gpu.sh chunks|stash|install|model|run|families|background|
 case $cmd in
   chunks)
     src=${1:?wheelhouse}; dst=${2:?chunk folder}; rm -rf "$dst"; mkdir -p "$dst/all"
-    # a call carries 64 MiB with the repository's tracked files (14.7 MB on 2026-11-27: 50 MiB parts no longer fit)
-    tar -cf - -C "$src" . | split -b "${CHUNK_MB:-46}m" -d - "$dst/all/wh.tar."
+    # a call carries 64 MiB with the repository's tracked files (18.6 MB on 2026-11-28: 46 MiB parts no longer fit)
+    tar -cf - -C "$src" . | split -b "${CHUNK_MB:-40}m" -d - "$dst/all/wh.tar."
     for f in "$dst"/all/wh.tar.*; do n=${f##*.}; mkdir -p "$dst/c$n"; mv "$f" "$dst/c$n/"; done
     rmdir "$dst/all"; ls -la "$dst"/c* ;;
   stash)
