@@ -12,6 +12,7 @@ will read (its wait given up, its request aborted, never asked for) become orpha
     given up:        waiting --ask past the bound--> gone (verdict: compute) --deliver--> orphan
     aborted:         waiting --abandon--> gone --deliver--> orphan;   arrived --abandon--> orphan
     never asked:     arrived --expire after keep_s--> orphan
+    twice:           the same P params again under a key (P pushed them, then the proxy delivered): taken once
 
 Pure bookkeeping: the caller passes the time.
 """
@@ -37,6 +38,7 @@ class Awaiting:
         self._waiting: dict[str, float] = {}  # key -> deadline of its request's wait
         self._arrived: dict[str, tuple[PrefillOutcome, float]] = {}  # key -> (outcome, kept until)
         self._gone: dict[str, float] = {}  # keys whose request stopped waiting -> remembered until
+        self._delivered: dict[str, tuple[tuple, float]] = {}  # key -> (its P params' identity, remembered until)
         self.orphans: list[dict] = []  # P's params nobody will read: the caller tells P to free, then clears
 
     def __len__(self) -> int:
@@ -44,10 +46,15 @@ class Awaiting:
         return len(self._waiting)
 
     def deliver(self, outcome: PrefillOutcome, now: float) -> None:
-        if outcome.key in self._gone or outcome.key in self._arrived:  # the second for one key is a stray too
+        same = _identity(outcome.params)
+        if same is not None and self._delivered.get(outcome.key, ((), 0.0))[0] == same:
+            return  # these params came under this key already: one read, one release
+        if outcome.key in self._gone or outcome.key in self._arrived:  # another second for one key is a stray
             self._orphan(outcome)
             return
         self._arrived[outcome.key] = (outcome, now + self.keep_s)
+        if same is not None:
+            self._delivered[outcome.key] = (same, now + self.keep_s)
 
     def ask(self, key: str, bound_s: float, now: float) -> Verdict | None:
         """The verdict for the request waiting under `key`, or None: not yet, ask again next step. The first ask
@@ -83,7 +90,17 @@ class Awaiting:
         for key, until in list(self._gone.items()):
             if now >= until:
                 del self._gone[key]
+        for key, (_, until) in list(self._delivered.items()):
+            if now >= until:
+                del self._delivered[key]
 
     def _orphan(self, outcome: PrefillOutcome) -> None:
         if outcome.params:
             self.orphans.append(outcome.params)
+
+
+def _identity(params: dict | None) -> tuple | None:
+    """Which prefill `params` name (P's engine and request), or None where they name none."""
+    if not params or "remote_request_id" not in params:
+        return None
+    return (params.get("remote_engine_id"), params["remote_request_id"])

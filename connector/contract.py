@@ -38,3 +38,8 @@ AWAIT_PREFILL, AWAIT_S = "hybrid_pd_await_prefill", "hybrid_pd_await_s"
 # checkpoint below N-1, or a junction's), bytes every such turn would pay for a next turn the decoder never serves
 # alone. Absent or True: the prefiller's own setting (ship_checkpoints).
 SHIP_CHECKPOINT = "hybrid_pd_ship_checkpoint"
+
+# Early decode's direct delivery (connector/direct_delivery.py): in P's kv_transfer_params, [D's params inbox, the
+# transfer key] where the proxy sent D the request early, so that P pushes its params there itself once they are
+# final; in P's answer, True where that push went (the proxy then does not deliver again).
+DELIVER_TO, DELIVERED = "hybrid_pd_deliver_to", "hybrid_pd_delivered"

@@ -31,6 +31,7 @@ from hybrid_pd.connector.contract import (
     STOP_BOUNDARY,
     STOP_LAST,
 )
+from hybrid_pd.connector.direct_delivery import Deliveries
 from hybrid_pd.connector.early_decode import EarlyDecodes, OutcomeSource
 from hybrid_pd.connector.errors import ConnectorError
 from hybrid_pd.connector.integrity import digest_targets
@@ -106,6 +107,7 @@ class SchedulerSide:
         self._steps: dict[str, int] = {}  # P: the engine steps each request it cut has taken so far
         self._awaiting: dict[str, dict] = {}  # P: kv_transfer_params returned this step, digests to come
         self.early = EarlyDecodes(inbox, await_timeout_s, idle_wait_s, clock)  # D: requests waiting for P's params
+        self.direct = Deliveries()  # P: params pushed straight to an early decoder's inbox
 
     @property
     def ship_checkpoints(self) -> bool:
@@ -157,6 +159,7 @@ class SchedulerSide:
             keep = (n - 1) // boundary * boundary if boundary else 0
         request.max_tokens = 1
         params[MARK_TRUNCATED] = True
+        self.direct.arrived(params)
         self._steps[request.request_id] = 0
         if self.digests:
             self._prefilling[request.request_id] = (request, [[] for _ in self.groups])
@@ -221,6 +224,7 @@ class SchedulerSide:
         )
         out = rp.to_params()
         self._awaiting[request.request_id] = out
+        self.direct.finished(request.request_id, params, out, final=not self.digests)
         return True, out
 
     def _pin_checkpoints(
@@ -364,6 +368,7 @@ class SchedulerSide:
         meta, self._meta = self._meta, StepMeta()
         meta.idle = scheduled_tokens == 0 and bool(self._loading)
         self._awaiting.clear()  # a step's params got their digests in its own output, or get none
+        self.direct.flush()  # (pushed at its output's end unless the step had no connector output)
         for req_id, n in (per_request or {}).items():
             if req_id in self._steps:
                 self._steps[req_id] += 1

@@ -236,6 +236,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         _scheduler(self).on_transfer_results(
             set(connector_output.finished_sending or ()), set(connector_output.finished_recving or ()), failed
         )
+        _scheduler(self).direct.flush()  # P: params final now (digests joined), before the step's answers leave
 
     def request_finished(self, request, block_ids):
         return self.request_finished_all_groups(request, (block_ids,))
@@ -385,6 +386,8 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         return HybridPDPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
+        if self.sched is not None:
+            self.sched.direct.close()
         if self._inbox is not None:
             self._inbox.close()
         if self._server is not None:

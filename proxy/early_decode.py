@@ -7,7 +7,9 @@ under that key (params_outbox.py): P's params (P's handshakes left out where D h
 the prompt itself. D's answer is the client's, whatever P did: exactly one answer. P's 4xx does not reach the
 client: D, validating the same body, answers for itself.
 
-    delivered:        D's answer, after reading P's blocks (or computing the prompt where P failed)
+    delivered:        D's answer, after reading P's blocks (or computing the prompt where P failed); P's params
+                      reach D's inbox from P itself where P could push them (connector/direct_delivery.py: P's
+                      answer says so), else from the proxy
     not delivered:    D's early request withdrawn (its connection closed: vLLM aborts it), then the turn to D in
                       turn, as without --early-decode: P's params with the request, or D alone where P failed
     D not reached:    the decode step's retry on another decoder, in turn; nothing is delivered
@@ -27,7 +29,7 @@ import os
 import time
 from typing import Protocol
 
-from hybrid_pd.connector.contract import AWAIT_PREFILL, AWAIT_S
+from hybrid_pd.connector.contract import AWAIT_PREFILL, AWAIT_S, DELIVERED
 
 from .errors import UpstreamStatus
 from .handshakes import HandshakeMemo
@@ -117,8 +119,13 @@ class EarlyDecode:
         params = turn.transfer_params
         if params is not None:
             params, turn.handshake_to = self.handshakes.params_for(params, decoder.url, decoder.identity)
+            if params.get(DELIVERED):  # P pushed them to D's inbox itself (connector/direct_delivery.py)
+                self.record.delivered("prefiller")
+                return
         if not await self.outbox.deliver(decoder.inbox, key, params, reason) and turn.early is not None:
             self._withdraw(turn, attempt)
+            return
+        self.record.delivered("proxy")
 
     def _withdraw(self, turn: Turn, attempt: asyncio.Task[None]) -> None:
         """The delivery failed (nothing was sent): D would wait out its whole bound. Its early request is withdrawn

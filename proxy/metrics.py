@@ -214,6 +214,12 @@ class ProxyMetrics:
             P + "abandoned_prefills",
             "P calls left to finish alone (client gone or total timeout); P's blocks are freed by its own lease",
         )
+        self.early_deliveries = Counter(
+            P + "early_deliveries",
+            "Early decode: P's params delivered to the decoder's inbox, by whom: prefiller (P pushed them itself, "
+            "connector/direct_delivery.py) or proxy (after P's answer)",
+            ("by",),
+        )
         self.tokenized = Counter(
             P + "tokenized_prompts",
             "Prompts tokenized for routing, by where: local (the proxy's own tokenizer), remote (a worker's "
@@ -298,6 +304,9 @@ class FlowRecorder:
 
     def abandoned_prefill(self) -> None:
         self.metrics.abandoned_prefills.inc()
+
+    def delivered(self, by: str) -> None:
+        self.metrics.early_deliveries.labels(by).inc()
 
     def worker_down(self, role: str, worker: str) -> None:
         self.metrics.worker_healthy.labels(role, worker).set(0)

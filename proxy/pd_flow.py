@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any
 
-from hybrid_pd.connector.contract import DECODER_KNOWS, PREFILL_STOP, SHIP_CHECKPOINT
+from hybrid_pd.connector.contract import AWAIT_PREFILL, DECODER_KNOWS, DELIVER_TO, PREFILL_STOP, SHIP_CHECKPOINT
 
 from .early_decode import EarlyDecode
 from .errors import NoHealthyWorker, UpstreamError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
@@ -181,6 +181,8 @@ class PDFlow:
             known = self.handshakes.known_to(prefiller.url, turn.decoder.url, turn.decoder.identity)
             if known is not None:
                 body["kv_transfer_params"][DECODER_KNOWS] = known
+            if turn.early is not None and turn.decoder.inbox:  # P pushes its params there itself (direct_delivery)
+                body["kv_transfer_params"][DELIVER_TO] = [turn.decoder.inbox, turn.early[AWAIT_PREFILL]]
         began = time.perf_counter()
         turn.prefill_alone = prefiller.in_flight == 0
         with self.pool.busy(prefiller, turn.context.uncached_on(self.state.deps, prefiller.url)) as busy:

@@ -73,3 +73,19 @@ def test_a_second_outcome_for_one_key_is_a_stray():
     w.deliver(PrefillOutcome("k", {"remote_request_id": "p-2"}), now=0)
     assert w.orphans == [{"remote_request_id": "p-2"}]
     assert w.ask("k", 5, now=0) == Verdict(P)
+
+
+def test_the_same_params_twice_under_one_key_are_taken_once():
+    """P pushes its params to D's inbox itself (direct_delivery.py) and the proxy may deliver them again: before
+    the request asks, and after it took them, the second is neither a second verdict nor an orphan (P would free
+    the blocks D reads)."""
+    w = Awaiting(keep_s=60)
+    w.deliver(PrefillOutcome("k", P), now=0)
+    w.deliver(PrefillOutcome("k", dict(P)), now=0)
+    assert w.ask("k", 5, now=0) == Verdict(P)
+    w.deliver(PrefillOutcome("k", dict(P)), now=1)
+    w.expire(now=100)
+    assert w.orphans == [] and w.ask("j", 5, now=100) is None
+    w.deliver(PrefillOutcome("k", dict(P)), now=101)  # past its memory: an orphan, as any params nobody asks for
+    w.expire(now=200)
+    assert w.orphans == [P]

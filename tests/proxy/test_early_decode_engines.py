@@ -1,6 +1,7 @@
 """--early-decode on real engines (proxy/pd_flow.py, connector/awaiting.py, connector/params_inbox.py): the decoder
-gets each PD turn's request while the prefiller computes, waits for P's params in its params inbox, then reads P's
-blocks as in the sequential flow, and answers as one engine does. A prefiller that answers an error or drops the
+gets each PD turn's request while the prefiller computes, waits for P's params in its params inbox (P pushes them
+there itself: connector/direct_delivery.py), then reads P's blocks as in the sequential flow, and answers as one
+engine does. A prefiller that answers an error or drops the
 call while the decoder waits: the decoder computes the prompt itself, the client gets that one answer, the failed
 remote load is counted and the decoder holds no block afterwards. An inbox the proxy cannot reach: the early
 request is withdrawn and the turn goes to the decoder in turn, long before the decoder's bound.
@@ -92,6 +93,9 @@ def test_pd_turns_sent_early_answer_as_one_engine_and_read_p_once_each(engines, 
                 assert_same_greedy(reference[n], await via_proxy(proxy, session, prompt), f"early decode, {n} words")
             m = proxy.state.metrics.render().decode()
             assert metric_value(m, "hybrid_pd_proxy_requests_total", mode="remote_prefill", status="200") == 3
+            # P pushed its params to D's inbox itself, each turn (connector/direct_delivery.py): none by the proxy
+            assert metric_value(m, "hybrid_pd_proxy_early_deliveries_total", by="prefiller") == 3
+            assert metric_value(m, "hybrid_pd_proxy_early_deliveries_total", by="proxy") == 0
     run(body(), timeout=240)
     moved = delta(before, d_metrics(urls["d"]))
     assert moved["hybrid_pd_bytes_transferred_count"] == 3 and moved["hybrid_pd_failed_transfers_total"] == 0
