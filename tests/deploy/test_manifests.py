@@ -109,6 +109,20 @@ def test_policy_checks_refuse_worker_ports_open_beyond_the_release(rendered):
     assert any("a rule without peers admits every pod" in p for p in problems)
 
 
+def test_policy_checks_require_the_prefillers_way_to_a_decoders_params_inbox(rendered):
+    """Early decode's direct delivery: a prefiller pushes its params to the decoder's inbox itself
+    (connector/direct_delivery.py); a worker policy without that port is caught."""
+    docs = copy.deepcopy(rendered[1])
+    workers = by_kind(docs, "NetworkPolicy")["hybrid-pd-workers"]["spec"]
+    assert not any("inbox ports" in p for p in policy_problems(docs))
+    rule = workers["ingress"][1]
+    if "ports" not in rule:  # multi-node TP (components/lws): workers reach each other on every port
+        return
+    rule["ports"] = [p for p in rule["ports"] if p.get("port") != "params-inbox"]
+    assert any("workers cannot reach each other's side channel, UCX and inbox ports" in p
+               for p in policy_problems(docs))
+
+
 def test_policy_checks_catch_a_broken_worker(rendered):
     docs = copy.deepcopy(rendered[1])
     where, pod = next((w, p) for w, p in pod_templates(docs) if p["metadata"]["labels"][ROLE] == "decode")

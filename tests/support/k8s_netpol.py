@@ -6,7 +6,8 @@ every selector is evaluated against the overlay's pod templates, the way the API
 
     hybrid-pd-workers  selects every worker template (prefill, decode), nothing else
         ingress: this release's proxy       -> http, kv-events, params-inbox (decoders)
-                 this release's workers     -> the NIXL side-channel ports and UCX's TCP port range
+                 this release's workers     -> the NIXL side-channel ports, UCX's TCP port range and
+                                                  params-inbox (decoders: a prefiller's own delivery)
                  (metrics: the monitoring namespace -> http; multi-node TP: workers -> any port)
     hybrid-pd-proxy    selects every proxy template, nothing else; ingress: http, from anywhere
 """
@@ -108,6 +109,7 @@ def worker_rule_problems(name: str, ingress: list[dict], pods: dict[str, dict], 
     problems = []
     multinode = any(d["kind"] == "LeaderWorkerSet" for d in docs)
     admitted: dict[str, set[int]] = {"proxy": set(), "workers": set()}
+    side = named.get("nixl", set()) | ucx_port_range(docs) | named.get("params-inbox", set())  # worker to worker
     for rule in ingress:
         if not rule.get("from"):
             problems.append(f"NetworkPolicy {name}: a rule without peers admits every pod of the cluster")
@@ -127,17 +129,16 @@ def worker_rule_problems(name: str, ingress: list[dict], pods: dict[str, dict], 
             elif chosen == workers and workers:
                 if not rule.get("ports") and not multinode:
                     problems.append(f"NetworkPolicy {name}: workers reach workers on every port (only the "
-                                    "side channel and UCX's TCP range are needed)")
-                admitted["workers"] |= ports if rule.get("ports") else named.get("nixl", set()) | ucx_port_range(docs)
+                                    "side channel, UCX's TCP range and the params inbox are needed)")
+                admitted["workers"] |= ports if rule.get("ports") else side  # (every port)
             else:
                 problems.append(f"NetworkPolicy {name}: peer selects {sorted(chosen) or 'no pods'}: worker ports "
                                 "must be open to this release's proxy only, and workers to each other")
     if not set().union(*(named.get(port, set()) for port in PROXY_PORTS)) <= admitted["proxy"]:
         problems.append(f"NetworkPolicy {name}: the proxy cannot reach the workers' http, kv-events and "
                         "params-inbox ports")
-    side = named.get("nixl", set()) | ucx_port_range(docs)
     if not side <= admitted["workers"]:
-        problems.append(f"NetworkPolicy {name}: workers cannot reach each other's side channel and UCX ports "
+        problems.append(f"NetworkPolicy {name}: workers cannot reach each other's side channel, UCX and inbox ports "
                         f"{sorted(side - admitted['workers'])[:3]}...")
     return problems
 
