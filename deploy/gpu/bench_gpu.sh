@@ -30,7 +30,10 @@
 #   calls 2-6: stash c01..c05                                                                     ~7 s each
 #   call 7:    stash c06, install, run colocated (first engine compiles: ~6 min; with restore-cache ~1 min)
 #   calls 8-9: run upstream, run hybrid-pd-1p1d                                                   ~3.5 min each
-# Issue each call as soon as the last returns. Engines inherit the environment: export
+# Issue each call as soon as the last returns: a machine idle for 30 s goes back with everything on it (on
+# 2026-11-28 a pause of a few minutes between the install call and the first collect lost a whole carry). So the
+# last carry call goes on into the plan and its first wait: `stash ... && install WHEEL && background PLAN &&
+# collect 480 MARK` (timeout 600), then `collect 540 MARK` calls back to back. Engines inherit the environment: export
 # UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on to let UCX use cuda_ipc for READs without NVLink (benchmarks/gpu/nixl_bench.py).
 #
 # Engines: vLLM 0.26 with our launchers; each engine gets --gpu-memory-utilization 0.28 of the one GPU; CUDA
