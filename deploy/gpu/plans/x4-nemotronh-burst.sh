@@ -5,7 +5,8 @@
 # side:
 # - GPUs 0-1: the Nemotron-H shape's build (`bench_gpu.sh model nemotronh`), then judged-2gpu.sh on it (P on 0, D on
 #   1) at c = CONC (default 1,8) with N_VARIANTS (default: --early-decode, the ITL objective at the judged SLO's 50 ms,
-#   both together). Results under j2n, mark "j2n-all".
+#   both together, and every turn through P at N-1 with early decode: the PD tax with P's own delivery of its params
+#   and without the checkpoint below N-1). Results under j2n, mark "j2n-all".
 # - GPUs 2-3, once the model is built: the prefiller alone under bursts of P_BURST (default 8) P legs at once, upstream's
 #   on GPU 2 and ours on GPU 3 at the same time, then swapped (benchmarks/gpu/prefill_probe.py --burst; results under
 #   pb1 and pb2; marks "probe pb1 ...", "pb1", "pb2"). Beside them on GPU 3 first: benchmarks/tiny_attention_probe.py on
@@ -18,11 +19,12 @@ export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PAT
 n=$(nproc) half=$(( $(nproc) / 2 ))
 pin() { if [ "${PIN:-1}" = 1 ] && [ "$half" -ge 2 ]; then taskset -cp "$1" "$BASHPID" > /dev/null; fi; }
 built=$R/model-nemotronh.built
+always="--pd-policy always-remote --prefiller-stop last"
 ( pin "0-$((half - 1))"
   bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1
   echo "model nemotronh rc=$?" >> "$R/done.txt"; touch "$built"
   CONC=${CONC:-1,8} COLD_C8=0 VLLM_ARGS=${VLLM_ARGS:---jit-monitor-verbose} P_GPU=0 D_GPU=1 KIND=nemotronh J=j2n \
-    VARIANTS="${N_VARIANTS---early-decode;--itl-slo-ms 50;--itl-slo-ms 50 --early-decode}" \
+    VARIANTS="${N_VARIANTS---early-decode;--itl-slo-ms 50;--itl-slo-ms 50 --early-decode;$always --early-decode}" \
     bash deploy/gpu/plans/judged-2gpu.sh ) &
 ( pin "$half-$((n - 1))"
   mkdir -p "$R/tap"
