@@ -122,12 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         help="benchmarks/proxy_floor.py as a peer too: uvicorn + our client, none of the proxy's work",
     )
     ap.add_argument("--router-venv", type=Path, default=pb.DEFAULT_ROUTER_VENV)
+    ap.add_argument("--prompt-ids", type=int, default=0,
+                    help="N: the prompt as N token ids (a real shape's 8k turn: 9000), not 50 words of text")
     args = ap.parse_args(argv)
     if not args.baseline and not args.baseline_dir and not args.router and not args.floor:
         raise SystemExit("name a peer: --baseline REV, --baseline-dir DIR, --router, --floor")
     args.no_router = not args.router
     pb.BODY["max_tokens"] = args.tokens
     pb.BODY["stream"] = not args.no_stream
+    if args.prompt_ids:
+        pb.BODY["prompt"] = [10 + i * 7919 % 150000 for i in range(args.prompt_ids)]
     os.sched_setaffinity(0, {pb.HARNESS_CORE})
     procs: list = []
     rounds: list[Round] = []
@@ -145,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             pb.stop_all(procs)
     ours = peers[0].name
     cell = (f"{'not streamed' if args.no_stream else 'streamed'}, {args.token_interval_ms:g} ms between events, "
+            f"prompt {args.prompt_ids or 'of 50 words'}{' token ids' if args.prompt_ids else ''}, "
             f"c={args.concurrency}, {args.phases} phases of {args.phase_s:g} s per peer per round")
     print(f"\n{cell}\n\n| peer | CPU ms/req (median of rounds) | per round | {ours} / peer per round | median | "
           "e2e p50 ms per round |")
