@@ -21,6 +21,7 @@ import zmq
 
 from hybrid_pd.connector.contract import DELIVER_TO, DELIVERED
 from hybrid_pd.connector.messages import PrefillOutcome, encode
+from hybrid_pd.connector.params_inbox import connect_push
 
 log = logging.getLogger("vllm." + __name__)  # under vLLM's configured logger
 KEEP_SOCKETS = 64  # inboxes kept connected (one per decoder); the least recently used beyond that is closed
@@ -76,14 +77,7 @@ class Sender:
             return sock
         if self._ctx is None:
             self._ctx = zmq.Context()
-        sock = self._ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        try:
-            sock.connect(address)
-        except zmq.ZMQError:
-            sock.close(0)
-            raise
+        sock = connect_push(self._ctx, address)
         self._socks[address] = sock
         while len(self._socks) > self.keep:
             self._drop(next(iter(self._socks)))

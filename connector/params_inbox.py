@@ -55,3 +55,18 @@ class ParamsInbox:
     def close(self) -> None:
         self._sock.close(0)
         self._ctx.term()
+
+
+def connect_push(ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> zmq.Socket[bytes]:
+    """A PUSH socket connecting to the inbox at `address` (the proxy's outbox and a prefiller's own delivery): its
+    messages go only onto a live connection (ZMQ_IMMEDIATE: a send without one fails at once, nothing queued for an
+    inbox that may never come) and are dropped at close (LINGER 0). ZMQError where it cannot connect."""
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    try:
+        sock.connect(address)
+    except zmq.ZMQError:
+        sock.close(0)
+        raise
+    return sock

@@ -20,6 +20,7 @@ from typing import Any
 import zmq
 
 from hybrid_pd.connector.messages import PrefillOutcome, encode
+from hybrid_pd.connector.params_inbox import connect_push
 
 log = logging.getLogger("hybrid_pd.proxy")
 # How long a fresh socket gets to connect to its inbox: a connection on loopback or in a data centre takes well
@@ -82,14 +83,7 @@ class ParamsOutbox:
             return kept
         if self._ctx is None:
             self._ctx = zmq.Context()
-        sock = self._ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        try:
-            sock.connect(inbox)
-        except zmq.ZMQError:
-            sock.close(0)
-            raise
+        sock = connect_push(self._ctx, inbox)
         self._socks[inbox] = (sock, time.monotonic() + self.connect_wait_s)
         return self._socks[inbox]
 
