@@ -38,7 +38,7 @@ class Awaiting:
         self._waiting: dict[str, float] = {}  # key -> deadline of its request's wait
         self._arrived: dict[str, tuple[PrefillOutcome, float]] = {}  # key -> (outcome, kept until)
         self._gone: dict[str, float] = {}  # keys whose request stopped waiting -> remembered until
-        self._delivered: dict[str, tuple[tuple, float]] = {}  # key -> (its P params' identity, remembered until)
+        self._delivered: dict[tuple[str, tuple], float] = {}  # (key, P params' identity) seen -> remembered until
         self.orphans: list[dict] = []  # P's params nobody will read: the caller tells P to free, then clears
 
     def __len__(self) -> int:
@@ -47,14 +47,14 @@ class Awaiting:
 
     def deliver(self, outcome: PrefillOutcome, now: float) -> None:
         same = _identity(outcome.params)
-        if same is not None and self._delivered.get(outcome.key, ((), 0.0))[0] == same:
-            return  # these params came under this key already: one read, one release
+        if same is not None:
+            if (outcome.key, same) in self._delivered:
+                return  # these params came under this key already: one read, or one release
+            self._delivered[(outcome.key, same)] = now + self.keep_s
         if outcome.key in self._gone or outcome.key in self._arrived:  # another second for one key is a stray
             self._orphan(outcome)
             return
         self._arrived[outcome.key] = (outcome, now + self.keep_s)
-        if same is not None:
-            self._delivered[outcome.key] = (same, now + self.keep_s)
 
     def ask(self, key: str, bound_s: float, now: float) -> Verdict | None:
         """The verdict for the request waiting under `key`, or None: not yet, ask again next step. The first ask
@@ -90,9 +90,9 @@ class Awaiting:
         for key, until in list(self._gone.items()):
             if now >= until:
                 del self._gone[key]
-        for key, (_, until) in list(self._delivered.items()):
+        for seen, until in list(self._delivered.items()):
             if now >= until:
-                del self._delivered[key]
+                del self._delivered[seen]
 
     def _orphan(self, outcome: PrefillOutcome) -> None:
         if outcome.params:

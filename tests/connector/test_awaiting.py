@@ -89,3 +89,15 @@ def test_the_same_params_twice_under_one_key_are_taken_once():
     w.deliver(PrefillOutcome("k", dict(P)), now=101)  # past its memory: an orphan, as any params nobody asks for
     w.expire(now=200)
     assert w.orphans == [P]
+
+
+def test_params_twice_for_a_wait_given_up_are_released_once():
+    """A wait that gave up before P's params came: the first copy is an orphan (P frees), the second (the other
+    deliverer's) nothing more; another prefill's params under that key are still a stray of their own."""
+    w = Awaiting(keep_s=60)
+    assert w.ask("k", 1, now=0) is None
+    assert w.ask("k", 1, now=2) == Verdict(None, "no prefill outcome within 1 s")
+    w.deliver(PrefillOutcome("k", P), now=3)
+    w.deliver(PrefillOutcome("k", dict(P)), now=3)
+    w.deliver(PrefillOutcome("k", {"remote_request_id": "p-2"}), now=3)
+    assert w.orphans == [P, {"remote_request_id": "p-2"}]
