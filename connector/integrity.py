@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hybrid_pd.connector.errors import DigestMismatch
 from hybrid_pd.connector.messages import BlockDigests, GroupDigests
 from hybrid_pd.connector.plan import NULL_BLOCK, TransferPlan
 
-# one group's block ids -> their digests, computed on this worker (kv_digest.digest_blocks over the group's layers)
-DigestFn = Callable[[int, Sequence[int]], list[int]]
+# (group, block ids) pairs -> each pair's digests, computed on this worker together (kv_digest.digest_many: one
+# read back to the host for all of them)
+DigestFn = Callable[[Sequence[tuple[int, Sequence[int]]]], list[list[int]]]
 
 
 def digest_targets(block_ids: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -27,9 +28,14 @@ def digest_targets(block_ids: Sequence[Sequence[int]]) -> list[list[int]]:
     return [list(dict.fromkeys(b for b in ids if b != NULL_BLOCK)) for ids in block_ids]
 
 
-def digest_groups(targets: Sequence[Sequence[int]], digest: DigestFn) -> list[GroupDigests]:
-    """P: this worker's digests of `targets` (from digest_targets)."""
-    return [GroupDigests(list(ids), digest(g, ids)) for g, ids in enumerate(targets)]
+def digest_requests(todo: Mapping[str, Sequence[Sequence[int]]], digest: DigestFn) -> dict[str, list[GroupDigests]]:
+    """P: this worker's digests of each request's targets (from digest_targets), every request and group of
+    the step in one `digest` call."""
+    items = [(req_id, g, list(ids)) for req_id, targets in todo.items() for g, ids in enumerate(targets)]
+    out: dict[str, list[GroupDigests]] = {req_id: [] for req_id in todo}
+    for (req_id, _, ids), values in zip(items, digest([(g, ids) for _, g, ids in items]) if items else []):
+        out[req_id].append(GroupDigests(ids, values))
+    return out
 
 
 def pairs_to_verify(plan: TransferPlan, fraction: float, request_id: str) -> list[tuple[int, int, int]]:
@@ -61,9 +67,9 @@ def verify(
     for g, local, remote in pairs:
         if remote in theirs.get(g, {}):
             by_group.setdefault(g, []).append((local, remote, theirs[g][remote]))
-    bad = []
-    for g, items in by_group.items():
-        ours = digest(g, [local for local, _, _ in items])
+    bad, groups = [], list(by_group.items())
+    landed = digest([(g, [local for local, _, _ in items]) for g, items in groups]) if groups else []
+    for (g, items), ours in zip(groups, landed):
         bad += [(g, local, remote) for (local, remote, want), got in zip(items, ours) if got != want]
     if bad:
         raise DigestMismatch(

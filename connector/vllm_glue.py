@@ -288,7 +288,7 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             read_timeout_s=self.read_timeout_s,
             idle_wait_s=self.config.idle_wait_ms / 1000,
             clear_blocks=layout.clear_blocks,
-            digest=layout.digest if self.config.kv_digests > 0 else None,
+            digest=layout.digests if self.config.kv_digests > 0 else None,
             algorithm=ALGORITHM,
             verify_fraction=self.config.kv_digests,
             corrupt_reads=self.config.test_corrupt_reads,

@@ -173,7 +173,7 @@ class WorkerSide:
         todo, self._to_digest = self._to_digest, {}
         if self._digest is None:
             return {}
-        return {req_id: integrity.digest_groups(targets, self._digest) for req_id, targets in todo.items()}
+        return integrity.digest_requests(todo, self._digest)
 
     def _advance(self, act: _Active) -> bool:
         """Move one job forward; True when it finished successfully. Raises ConnectorError on failure."""

@@ -1,12 +1,13 @@
 """The prefiller alone: the same prompts on one prefill engine per set-up, to find where a prefill's time goes.
 
-    python3 -m benchmarks.gpu.prefill_probe --setup none|upstream|hybrid|hybrid-noship --model DIR --out DIR [--burst 8]
+    python3 -m benchmarks.gpu.prefill_probe --setup SETUP --model DIR --out DIR [--burst 8] [--profile]
 
 Each set-up is one prefill engine started by our launcher with the GPU benchmark's flags (setups.Gpus:
 same memory share, CUDA graphs, warm-up), differing only in its connector: none (no PD), upstream (vLLM's
-NixlConnector) and ours, with and without shipping checkpoints (HYBRID_PD_SHIP_CHECKPOINTS=0). Every set-up
-gets the same requests in the same order, the P leg of a PD turn (max_tokens=1, stream off, `do_remote_decode`
-where a connector runs; the same body without it as a "plain" request on our engine and on none):
+NixlConnector) and ours, with and without shipping checkpoints (HYBRID_PD_SHIP_CHECKPOINTS=0) or the KV integrity
+digests (hybrid-nodigest: HYBRID_PD_KV_DIGESTS=0). Every set-up gets the same requests in the same order, the
+P leg of a PD turn (max_tokens=1, stream off, `do_remote_decode` where a connector runs; the same body without it
+as a "plain" request on our engine and on none):
 - cold prompts at 4,858 and 4,857 tokens (upstream's P computes all N prompt tokens, ours N-1), 2,048 and 8,192,
   several distinct prompts each: the first pays any kernel compile, the rest show the steady state;
 - a turn that extends an earlier prompt (4,352 cached + 2,396 new), as a conversation's next turn.
@@ -142,7 +143,8 @@ def bursts(url: str, n: int, seed: int, p_leg: bool, first: tuple[int, int] = (4
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--setup", required=True, choices=["none", "upstream", "hybrid", "hybrid-noship", "hybrid-full"])
+    ap.add_argument("--setup", required=True,
+                    choices=["none", "upstream", "hybrid", "hybrid-noship", "hybrid-full", "hybrid-nodigest"])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=7)
     Gpus.add_flags(ap)
@@ -161,6 +163,8 @@ def main() -> int:
     env = {}
     if args.setup == "hybrid-noship":
         env["HYBRID_PD_SHIP_CHECKPOINTS"] = "0"
+    if args.setup == "hybrid-nodigest":  # P digests nothing (the KV integrity digests off)
+        env["HYBRID_PD_KV_DIGESTS"] = "0"
     if args.setup == "hybrid-full":  # P computes N-1 tokens (before P stopped at the last boundary below N)
         env["HYBRID_PD_PREFILL_TO_BOUNDARY"] = "0"
     machine = Gpus.from_args(args, env)

@@ -11,7 +11,7 @@ import torch
 
 from hybrid_pd.connector import integrity
 from hybrid_pd.connector.errors import BadTransferParams, DigestMismatch
-from hybrid_pd.connector.kv_digest import ALGORITHM, digest_blocks, flip_first_word
+from hybrid_pd.connector.kv_digest import ALGORITHM, digest_many, flip_first_word
 from hybrid_pd.connector.messages import (
     PROTOCOL_VERSION,
     BlockDigests,
@@ -51,7 +51,7 @@ def test_all_blocks_or_a_sample_that_a_rerun_repeats():
 def test_verify_names_the_blocks_that_differ_and_ignores_blocks_without_a_digest():
     expected = BlockDigests(ALGORITHM, [[GroupDigests([3], [111]), GroupDigests([5, 6], [222, 333])]])
     landed = {(0, 7): 111, (1, 2): 222, (1, 3): 999}
-    digest = lambda g, ids: [landed[(g, b)] for b in ids]  # noqa: E731
+    digest = lambda items: [[landed[(g, b)] for b in ids] for g, ids in items]  # noqa: E731
     pairs = [(1, 2, 5), (1, 3, 6), (0, 7, 3)]
     with pytest.raises(DigestMismatch, match=r"1 of 3 checked blocks differ.*\(1, 3, 6\)"):
         integrity.verify(expected, ALGORITHM, 0, pairs, digest, "r1")
@@ -117,7 +117,7 @@ def worker(buf: np.ndarray, engine: str, **kw) -> tuple[WorkerSide, list[torch.T
     regions = [Region("m", 0, buf.ctypes.data, PAGE, STATE, NBLOCKS),
                Region("a", 1, buf.ctypes.data + NBLOCKS * PAGE, PAGE, PAGE, NBLOCKS)]
     hs = Handshake(PROTOCOL_VERSION, engine, 0, t.name, t.metadata(), ["mamba", "attention"], [4, 4], regions)
-    digest = lambda g, ids: digest_blocks([layers[g]], ids)  # noqa: E731
+    digest = lambda items: digest_many([([layers[g]], ids) for g, ids in items])  # noqa: E731
     return WorkerSide(t, hs, digest=digest, algorithm=ALGORITHM, **kw), layers
 
 
