@@ -61,14 +61,46 @@ def digest_blocks(tensors: Sequence[torch.Tensor], block_ids: Sequence[int], bat
 def digest_many(
     jobs: Sequence[tuple[Sequence[torch.Tensor], Sequence[int]]], batched: bool | None = None
 ) -> list[list[int]]:
-    """digest_blocks of each (tensors, block_ids) job, read back to the host together: on a GPU the kernels of
-    every job queue behind the step's forward pass and the host waits for them once, however many groups and
-    requests (read per group, the block ids' pageable copy and the read each synced the stream: 12 syncs for one
-    prompt of the Nemotron-H shape's six groups, in the step that completed it)."""
-    parts = [_digest_tensor(t, ids, batched) if len(ids) and len(t) else None for t, ids in jobs]
-    live = [x for x in parts if x is not None]
-    values = iter(torch.cat(live).tolist() if live else ())
-    return [[0] * len(ids) if x is None else [next(values) for _ in ids] for x, (_, ids) in zip(parts, jobs)]
+    """digest_blocks of each (tensors, block_ids) job, read back to the host together (PendingDigests.result)."""
+    return PendingDigests(jobs, batched).result()
+
+
+class PendingDigests:
+    """The digests of (tensors, block_ids) jobs, queued where the tensors live and read back together: on a GPU
+    the kernels of every job follow the work already queued on the current stream (the step's forward pass) and
+    their values come up by an asynchronous copy, so nothing here makes the host wait; `result()` waits only if
+    they are not there yet (`ready()` says whether it would). Before, each group of each request was read on
+    its own, the block ids' pageable copy and the read each syncing the stream: 12 syncs for one prompt of the
+    Nemotron-H shape's six groups, inside the step that completed it. On the CPU the values are computed at once."""
+
+    def __init__(self, jobs: Sequence[tuple[Sequence[torch.Tensor], Sequence[int]]], batched: bool | None = None):
+        parts = [_digest_tensor(t, ids, batched) if len(ids) and len(t) else None for t, ids in jobs]
+        self._shape = [(x is not None, len(ids)) for x, (_, ids) in zip(parts, jobs)]
+        live = [x for x in parts if x is not None]
+        flat = torch.cat(live) if live else torch.zeros(0, dtype=torch.int64)
+        self._event: torch.cuda.Event | None = None
+        self._device: torch.Tensor | None = None  # alive until read (the allocator reuses it in stream order anyway)
+        if flat.device.type == "cuda":
+            self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            self._host.copy_(flat, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+            self._device = flat
+        else:
+            self._host = flat
+        self._values: list[list[int]] | None = None
+
+    def ready(self) -> bool:
+        return self._event is None or bool(self._event.query())
+
+    def result(self) -> list[list[int]]:
+        if self._values is None:
+            if self._event is not None:
+                self._event.synchronize()
+            values = iter(self._host.tolist())
+            self._values = [[next(values) for _ in range(n)] if live else [0] * n for live, n in self._shape]
+            self._event, self._device = None, None
+        return self._values
 
 
 def _digest_tensor(tensors: Sequence[torch.Tensor], block_ids: Sequence[int], batched: bool | None) -> torch.Tensor:

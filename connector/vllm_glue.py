@@ -18,7 +18,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
-    KVConnectorWorkerMetadata,
     SupportsHMA,
 )
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
@@ -26,13 +25,14 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 from hybrid_pd.connector.config import ConnectorConfig
 from hybrid_pd.connector.errors import ConfigurationError
 from hybrid_pd.connector.kv_digest import ALGORITHM
-from hybrid_pd.connector.messages import PROTOCOL_VERSION, GroupDigests, Handshake, encode
+from hybrid_pd.connector.messages import PROTOCOL_VERSION, Handshake, encode
 from hybrid_pd.connector.plan import GroupSpec
 from hybrid_pd.connector.scheduler_side import SchedulerSide
 from hybrid_pd.connector.step import StepMeta
 from hybrid_pd.connector.vllm_checkpoints import BlockPoolCheckpoints
 from hybrid_pd.connector.vllm_kv_caches import kv_cache_layout
 from hybrid_pd.connector.vllm_request import truncate_prompt
+from hybrid_pd.connector.vllm_worker_report import WorkerReport
 from hybrid_pd.connector.worker_side import WorkerSide
 
 log = logging.getLogger("vllm.hybrid_pd.connector")
@@ -49,24 +49,6 @@ class EncodedHandshake(KVConnectorHandshakeMetadata):
 
     def __init__(self, payload: bytes):
         self.payload = payload
-
-
-class WorkerReport(KVConnectorWorkerMetadata):
-    """Worker -> scheduler with the step's output, aggregated over TP ranks by vLLM.
-
-    `failed`: vLLM < 0.32, loads that failed although `get_finished` reports them finished (those releases
-    have no per-request failure channel, and their block-level one, invalid_block_ids, assumes a single
-    KV-cache group: a hybrid model's engine would die on it). `digests`: P, request id -> TP rank -> the
-    integrity digests of its blocks, computed after the step in which its prompt completed."""
-
-    def __init__(self, failed: set[str], digests: dict[str, dict[int, list[GroupDigests]]]):
-        self.failed, self.digests = set(failed), digests
-
-    def aggregate(self, other: KVConnectorWorkerMetadata) -> WorkerReport:
-        self.failed |= getattr(other, "failed", set())
-        for req_id, ranks in getattr(other, "digests", {}).items():
-            self.digests.setdefault(req_id, {}).update(ranks)
-        return self
 
 
 def group_specs(kv_cache_config) -> list[GroupSpec]:
@@ -342,11 +324,11 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         return r.finished_sending or None, r.finished_recving or None
 
     def build_connector_worker_meta(self):
-        digests = {} if self.worker is None else self.worker.take_digests()
-        if not self._failed_loads and not digests:
+        digests = None if self.worker is None else self.worker.take_digests()
+        if not self._failed_loads and digests is None:
             return None
         rank = 0 if self.worker is None else self.worker.local.tp_rank
-        meta = WorkerReport(self._failed_loads, {req_id: {rank: groups} for req_id, groups in digests.items()})
+        meta = WorkerReport(self._failed_loads, {}, None if digests is None else (rank, digests))
         self._failed_loads = set()
         return meta
 

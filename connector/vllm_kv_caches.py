@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybrid_pd.connector.errors import ConfigurationError
-from hybrid_pd.connector.kv_digest import digest_many, flip_first_word
+from hybrid_pd.connector.kv_digest import PendingDigests, flip_first_word
 from hybrid_pd.connector.messages import Region
 
 
@@ -26,10 +26,10 @@ class KvCacheLayout:
             for t in self.by_group.get(run.group, ()):
                 t[run.local_start : run.local_start + run.count].zero_()
 
-    def digests(self, items: Sequence[tuple[int, Sequence[int]]]) -> list[list[int]]:
-        """Per (group, block ids): their digests over every tensor of that group, read back together
-        (kv_digest.digest_many)."""
-        return digest_many([(self.by_group.get(group, ()), ids) for group, ids in items])
+    def digests(self, items: Sequence[tuple[int, Sequence[int]]]) -> PendingDigests:
+        """Per (group, block ids): their digests over every tensor of that group, queued and read back together
+        (kv_digest.PendingDigests)."""
+        return PendingDigests([(self.by_group.get(group, ()), ids) for group, ids in items])
 
     def corrupter(self, kind: str, group_kinds: list[str]) -> Callable[[Iterable[Any]], None]:
         """The test hooks HYBRID_PD_TEST_CORRUPT_READS and _KIND: "flip" flips the first word of each landed run's

@@ -19,7 +19,6 @@ from hybrid_pd.connector import integrity
 from hybrid_pd.connector.errors import ConnectorError, DigestMismatch, HandshakeTimeout, TransportError
 from hybrid_pd.connector.messages import (
     Done,
-    GroupDigests,
     Handshake,
     Rejected,
     RemotePrefill,
@@ -67,6 +66,7 @@ class _Active:
     handle: object | None = None
     posted: float | None = None  # when the READ was posted: transfer time runs from here, like upstream's
     stats: TransferStats | None = None
+    check: integrity.Check | None = None  # the READ landed: its blocks' digests on their way (or nothing to check)
 
 
 class WorkerSide:
@@ -167,35 +167,41 @@ class WorkerSide:
         self.stats += [TransferStats(req_id, failed=True) for req_id in meta.failed_waits]
         self._idle = meta.idle
 
-    def take_digests(self) -> dict[str, list[GroupDigests]]:
+    def take_digests(self) -> integrity.RequestDigests | None:
         """P, after the step's forward pass (the KV of its tokens is written; on a GPU the digest kernels queue
-        behind it): the digests of the requests whose prompt completed in this step."""
+        behind it): the digests of the requests whose prompt completed in this step, queued (None: none)."""
         todo, self._to_digest = self._to_digest, {}
-        if self._digest is None:
-            return {}
-        return integrity.digest_requests(todo, self._digest)
+        if self._digest is None or not todo:
+            return None
+        return integrity.RequestDigests(todo, self._digest)
 
     def _advance(self, act: _Active) -> bool:
         """Move one job forward; True when it finished successfully. Raises ConnectorError on failure."""
         job = act.job
         peer = self._peer(job.remote)
-        if act.handle is None:
-            if not peer.future.done():
+        if act.check is None:
+            if act.handle is None:
+                if not peer.future.done():
+                    return False
+                theirs, agent = peer.future.result()  # raises the handshake's error
+                if job.fail:
+                    raise ConnectorError(job.reason)  # _fail tells P Rejected
+                if job.plan is None:
+                    self.transport.notify(agent, encode(Rejected(job.remote.remote_request_id, reason=job.reason)))
+                    return True
+                if not self._post(act, theirs, agent):
+                    self.transport.notify(agent, encode(Done(job.remote.remote_request_id)))
+                    return True
+            if not self.transport.poll(act.handle):
                 return False
-            theirs, agent = peer.future.result()  # raises the handshake's error
-            if job.fail:
-                raise ConnectorError(job.reason)  # _fail tells P Rejected
-            if job.plan is None:
-                self.transport.notify(agent, encode(Rejected(job.remote.remote_request_id, reason=job.reason)))
-                return True
-            if not self._post(act, theirs, agent):
-                self.transport.notify(agent, encode(Done(job.remote.remote_request_id)))
-                return True
-        if not self.transport.poll(act.handle):
+            self.transport.release(act.handle)
+            act.handle = None
+            act.check = self._check_landed(act)
+        if not act.check.ready():  # the landed blocks' digests are on their way: the engine never waits for them
             return False
-        self.transport.release(act.handle)
-        act.handle = None
-        self._check_landed(act)
+        checked = act.check.finish()  # raises DigestMismatch: the load fails
+        if act.stats is not None:
+            act.stats.blocks_verified = checked
         _, agent = peer.future.result()
         try:
             self.transport.notify(agent, encode(Done(job.remote.remote_request_id)))
@@ -217,8 +223,9 @@ class WorkerSide:
         act.handle = self.transport.read(agent, descs)
         return True
 
-    def _check_landed(self, act: _Active) -> None:
-        """D: compare the landed blocks with P's digests (raises DigestMismatch: the load fails)."""
+    def _check_landed(self, act: _Active) -> integrity.Check:
+        """D: start comparing the landed blocks with P's digests (a Check with nothing to compare where P sent
+        none or checking is off)."""
         job, plan = act.job, act.job.plan
         assert plan is not None, "only a job with a plan lands"
         if self._corrupt_reads > 0 and self._corrupt_blocks is not None:
@@ -227,11 +234,9 @@ class WorkerSide:
             self._corrupt_blocks(plan.runs)
         expected = job.remote.digests
         if expected is None or self._digest is None or self.verify_fraction <= 0:
-            return
+            return integrity.Check(job.request_id, [], integrity.Computed([]))
         pairs = integrity.pairs_to_verify(plan, self.verify_fraction, job.request_id)
-        checked = integrity.verify(expected, self.algorithm, self.local.tp_rank, pairs, self._digest, job.request_id)
-        if act.stats is not None:
-            act.stats.blocks_verified = checked
+        return integrity.start_check(expected, self.algorithm, self.local.tp_rank, pairs, self._digest, job.request_id)
 
     def _fail(self, act: _Active, err: Exception, results: Results) -> None:
         job = act.job

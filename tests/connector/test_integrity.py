@@ -11,7 +11,7 @@ import torch
 
 from hybrid_pd.connector import integrity
 from hybrid_pd.connector.errors import BadTransferParams, DigestMismatch
-from hybrid_pd.connector.kv_digest import ALGORITHM, digest_many, flip_first_word
+from hybrid_pd.connector.kv_digest import ALGORITHM, PendingDigests, flip_first_word
 from hybrid_pd.connector.messages import (
     PROTOCOL_VERSION,
     BlockDigests,
@@ -51,14 +51,14 @@ def test_all_blocks_or_a_sample_that_a_rerun_repeats():
 def test_verify_names_the_blocks_that_differ_and_ignores_blocks_without_a_digest():
     expected = BlockDigests(ALGORITHM, [[GroupDigests([3], [111]), GroupDigests([5, 6], [222, 333])]])
     landed = {(0, 7): 111, (1, 2): 222, (1, 3): 999}
-    digest = lambda items: [[landed[(g, b)] for b in ids] for g, ids in items]  # noqa: E731
+    digest = lambda items: integrity.Computed([[landed[(g, b)] for b in ids] for g, ids in items])  # noqa: E731
     pairs = [(1, 2, 5), (1, 3, 6), (0, 7, 3)]
     with pytest.raises(DigestMismatch, match=r"1 of 3 checked blocks differ.*\(1, 3, 6\)"):
-        integrity.verify(expected, ALGORITHM, 0, pairs, digest, "r1")
-    assert integrity.verify(expected, ALGORITHM, 0, [(1, 2, 5), (0, 7, 3), (1, 9, 9)], digest, "r1") == 2
-    assert integrity.verify(expected, ALGORITHM, 1, pairs, digest, "r1") == 0  # P sent none for rank 1
+        integrity.start_check(expected, ALGORITHM, 0, pairs, digest, "r1").finish()
+    assert integrity.start_check(expected, ALGORITHM, 0, [(1, 2, 5), (0, 7, 3), (1, 9, 9)], digest, "r1").finish() == 2
+    assert integrity.start_check(expected, ALGORITHM, 1, pairs, digest, "r1").finish() == 0  # none for rank 1
     with pytest.raises(DigestMismatch, match="other-v9"):
-        integrity.verify(BlockDigests("other-v9", expected.ranks), ALGORITHM, 0, pairs, digest, "r1")
+        integrity.start_check(BlockDigests("other-v9", expected.ranks), ALGORITHM, 0, pairs, digest, "r1")
 
 
 def test_digests_of_another_protocol_version_are_refused():
@@ -110,55 +110,86 @@ def test_digests_that_come_with_a_later_output_are_not_attached():
     assert params["digests"] is None
 
 
-def worker(buf: np.ndarray, engine: str, **kw) -> tuple[WorkerSide, list[torch.Tensor]]:
+class Late:
+    """Digests still on their way for the first `looks` ready() calls, as a GPU's kernels queued behind a step's
+    forward pass are: reading them before (result()) would be the engine waiting for them."""
+
+    def __init__(self, inner: integrity.Pending, looks: int):
+        self.inner, self.looks = inner, looks
+
+    def ready(self) -> bool:
+        self.looks -= 1
+        return self.looks < 0
+
+    def result(self) -> list[list[int]]:
+        assert self.looks < 0, "digests read before they were back: the engine would have waited"
+        return self.inner.result()
+
+
+def worker(buf: np.ndarray, engine: str, late: int = 0, **kw) -> tuple[WorkerSide, list[torch.Tensor]]:
     t = InMemoryTransport(f"{engine}-digest")
     whole = torch.from_numpy(buf)
     layers = [whole.as_strided((NBLOCKS, STATE), (PAGE, 1)), whole[NBLOCKS * PAGE :].view(NBLOCKS, PAGE)]
     regions = [Region("m", 0, buf.ctypes.data, PAGE, STATE, NBLOCKS),
                Region("a", 1, buf.ctypes.data + NBLOCKS * PAGE, PAGE, PAGE, NBLOCKS)]
     hs = Handshake(PROTOCOL_VERSION, engine, 0, t.name, t.metadata(), ["mamba", "attention"], [4, 4], regions)
-    digest = lambda items: digest_many([([layers[g]], ids) for g, ids in items])  # noqa: E731
+    def digest(items):  # with `late`, digests that take that many looks to come back
+        pending = PendingDigests([([layers[g]], ids) for g, ids in items])
+        return Late(pending, late) if late else pending
+
     return WorkerSide(t, hs, digest=digest, algorithm=ALGORITHM, **kw), layers
 
 
-def load(corrupt_reads: int, verify_fraction: float = 1.0):
+def load(corrupt_reads: int, verify_fraction: float = 1.0, late: int = 0):
     src = np.random.default_rng(1).integers(0, 255, 2 * NBLOCKS * PAGE, dtype=np.uint8)
     dst = np.zeros_like(src)
     p, _ = worker(src, "P")
     cleared = []
-    d, d_layers = worker(dst, "D", fetch=lambda host, port, timeout: b"", verify_fraction=verify_fraction,
+    d, d_layers = worker(dst, "D", late=late, fetch=lambda host, port, timeout: b"", verify_fraction=verify_fraction,
                          corrupt_reads=corrupt_reads, clear_blocks=cleared.extend,
                          corrupt_blocks=lambda runs: [flip_first_word([d_layers[r.group]], r.local_start)
                                                       for r in runs])
     p.start(StepMeta(digests={"p-r1": [[3], [5, 6]]}))
-    shipped = p.take_digests()["p-r1"]
-    assert p.take_digests() == {}  # once
+    taken = p.take_digests()
+    assert taken is not None and p.take_digests() is None  # once
+    shipped = taken.result()["p-r1"]
     from hybrid_pd.connector.messages import encode
 
     remote = RemotePrefill("P", "p-r1", "h", 7, [[0, 3], [5, 6]], 8, 9, handshakes=[encode(p.local)],
                            digests=BlockDigests(ALGORITHM, [shipped]))
     d.start(StepMeta(loads=[LoadJob("r1", remote, PLAN)]))
-    deadline = time.monotonic() + 10  # polled as a step would, for a load whose READ runs off this thread
+    deadline, polls = time.monotonic() + 10, 0  # polled as a step would, for a load whose READ runs off this thread
     while time.monotonic() < deadline:
-        res = d.poll()
+        res, polls = d.poll(), polls + 1
         if res.finished_recving:
-            return res, d.stats[0], cleared
+            return res, d.stats[0], cleared, polls
         time.sleep(0.001)
     raise AssertionError("the load never finished")
 
 
 def test_landed_blocks_that_match_pass_and_are_counted():
-    res, stats, cleared = load(corrupt_reads=0)
+    res, stats, cleared, _ = load(corrupt_reads=0)
     assert res.finished_recving == {"r1"} and not res.failed_recving
     assert stats.blocks_verified == 3 and not stats.digest_mismatch and not cleared
 
 
+def test_a_landed_read_waits_in_its_own_polls_for_its_digests_never_in_one():
+    """D's engine steps on while the landed blocks' digests are computed: the load is reported in a later poll,
+    each poll returning at once (Late fails the test if anything read the digests before they were back)."""
+    _, _, _, prompt = load(corrupt_reads=0)
+    res, stats, cleared, later = load(corrupt_reads=0, late=3)
+    assert res.finished_recving == {"r1"} and not res.failed_recving and stats.blocks_verified == 3
+    assert later >= prompt + 3
+    res, stats, cleared, _ = load(corrupt_reads=1, late=2)
+    assert res.failed_recving == {"r1"} and stats.digest_mismatch and cleared == list(PLAN.runs)
+
+
 def test_a_byte_flipped_in_flight_fails_the_load_zeroes_its_blocks_and_is_counted():
-    res, stats, cleared = load(corrupt_reads=1)
+    res, stats, cleared, _ = load(corrupt_reads=1)
     assert res.failed_recving == {"r1"} and res.finished_recving == {"r1"}
     assert stats.failed and stats.digest_mismatch and cleared == list(PLAN.runs)
 
 
 def test_with_verification_off_a_flipped_byte_goes_through():
-    res, stats, _ = load(corrupt_reads=1, verify_fraction=0.0)
+    res, stats, _, _ = load(corrupt_reads=1, verify_fraction=0.0)
     assert not res.failed_recving and stats.blocks_verified == 0
