@@ -19,7 +19,8 @@ OUT/prefill-SETUP-decode.json, a decoder engine given every request plain, as a 
 connector slows a decoder's own prefill). With --profile, a last round (cold 4,858, cold 8,192, an aligned 4,352
 and its extension to 6,748) runs under vLLM's torch profiler, and
 OUT/profile-SETUP.json sums its trace: GPU kernel time against the engine step's wall time, the top kernels and
-vLLM's own annotated regions.
+vLLM's own annotated regions; with --burst too, one round of bursts more runs under the profiler, summed apart in
+OUT/profile-SETUP-burst.json.
 """
 
 from __future__ import annotations
@@ -66,13 +67,15 @@ def post_raw(url: str) -> None:
     urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=120).read()
 
 
-def summarize_traces(folder: Path) -> dict:
-    """Sum a torch profiler trace: kernel time on the GPU, annotated regions (vLLM's own) and CPU ops."""
+def summarize_traces(folder: Path, skip: frozenset[Path] = frozenset()) -> dict:
+    """Sum the torch profiler traces in `folder` (not those in `skip`): kernel time on the GPU, annotated regions
+    (vLLM's own), CPU ops and CUDA runtime calls (a host waiting on the device shows as cudaStreamSynchronize,
+    cudaEventSynchronize or a synchronous cudaMemcpy)."""
     import collections
     import gzip
 
     out: dict = {}
-    for f in sorted(folder.rglob("*.json*")):
+    for f in sorted(set(folder.rglob("*.json*")) - skip):
         opener = gzip.open if f.suffix == ".gz" else open
         try:
             with opener(f, "rt") as fh:
@@ -115,18 +118,18 @@ def send_leg(url: str, ids: list[int], p_leg: bool, t0: float) -> float:
 
 
 def bursts(url: str, n: int, seed: int, p_leg: bool, first: tuple[int, int] = (4400, 5300),
-           more: tuple[int, int] = (2000, 2800), vocab: int = 1000) -> list[dict]:
-    """BURST_ROUNDS rounds of `n` cold prompts (`first`: 4,400-5,300 tokens, as the agentic workload's first turns)
-    sent at once, then their `n` extensions (`more`: +2,000-2,800 tokens) at once: per request its wall time from
-    the burst's start, per burst the engine's /metrics deltas. Where a P leg's requests end together (a batch
-    finishes at its last step) and how late, against upstream's P on the same burst, is what c=N's remote turns
-    wait for. Token ids below `vocab`."""
+           more: tuple[int, int] = (2000, 2800), vocab: int = 1000, rounds: int = 0) -> list[dict]:
+    """`rounds` (default BURST_ROUNDS) rounds of `n` cold prompts (`first`: 4,400-5,300 tokens, as the agentic
+    workload's first turns) sent at once, then their `n` extensions (`more`: +2,000-2,800 tokens) at once: per
+    request its wall time from the burst's start, per burst the engine's /metrics deltas. Where a P leg's
+    requests end together (a batch finishes at its last step) and how late, against upstream's P on the same
+    burst, is what c=N's remote turns wait for. Token ids below `vocab`."""
     from concurrent.futures import ThreadPoolExecutor
 
     rng = random.Random(seed + 2)
     rows: list[dict] = []
     with ThreadPoolExecutor(max(n, 1)) as pool:
-        for r in range(BURST_ROUNDS if n else 0):
+        for r in range((rounds or BURST_ROUNDS) if n else 0):
             firsts = [[rng.randrange(10, vocab) for _ in range(rng.randrange(*first))] for _ in range(n)]
             nexts = [ids + [rng.randrange(10, vocab) for _ in range(rng.randrange(*more))] for ids in firsts]
             for kind, batch in (("cold", firsts), ("extend", nexts)):
@@ -208,6 +211,16 @@ def main() -> int:
             post_raw(p.url + "/stop_profile")
             time.sleep(5)
             (args.out / f"profile-{name}.json").write_text(json.dumps(summarize_traces(prof_dir), indent=1))
+            if args.burst:  # then one round of bursts under the profiler, in a trace of its own
+                seen = frozenset(prof_dir.rglob("*.json*"))
+                post_raw(p.url + "/start_profile")
+                rows = bursts(p.url, args.burst, args.seed + 10, connector != "none" and args.role == "prefill",
+                              rounds=1)
+                post_raw(p.url + "/stop_profile")
+                time.sleep(5)
+                result["rows"] += [{**row, "label": f"profiled {row['label']}"} for row in rows]
+                (args.out / f"profile-{name}-burst.json").write_text(
+                    json.dumps(summarize_traces(prof_dir, seen), indent=1))
     except Exception as e:  # keep what was measured
         result["error"] = repr(e)
         log(f"error: {e!r}")
