@@ -7,10 +7,10 @@
 # (built first), then benchmarks/gpu/prefill_probe.py --burst P_BURST (default 8) for P_SETUPS (default upstream,
 # ours, ours with the digests off), one after the other on the same GPU, each with --profile (the last round under
 # vLLM's torch profiler: GPU kernel time against the step's wall time). Results under pb, a line per set-up in
-# done.txt, "pb-all" at the end. Then, with JUDGED=1 (default), agentic 8k at c = CONC (default 8): upstream PD,
+# done.txt, "pb-all" at the end. Then, with JUDGED=1 (default), agentic 8k at c = CONC (default 1,8): upstream PD,
 # ours with every turn through P, and the same with the digests off on both engines (HYBRID_PD_KV_DIGESTS=0,
-# results under j1p-nd): whether the remote path's c=8 TTFT (ours 462 ms p50 against upstream's 209) moves.
-# Results under j1p, "j1p-all", then "x1-all".
+# results under j1p-nd): whether the remote path's c=8 TTFT (ours 462 ms p50 against upstream's 209) and the PD
+# tax at c=1 (every turn through P) move. Results under j1p, "j1p-all", then "x1-all".
 set -u
 export KIND=nemotronh
 . deploy/gpu/plans/common.sh
@@ -23,8 +23,8 @@ for setup in ${P_SETUPS:-upstream hybrid hybrid-nodigest}; do
 done
 echo pb-all >> "$R/done.txt"
 if [ "${JUDGED:-1}" = 1 ]; then
-  remote=(--proxy-variants="--pd-policy always-remote" --concurrency "${CONC:-8}")
-  run nemotronh upstream j1p --concurrency "${CONC:-8}"
+  remote=(--proxy-variants="--pd-policy always-remote" --concurrency "${CONC:-1,8}")
+  run nemotronh upstream j1p --concurrency "${CONC:-1,8}"
   run nemotronh hybrid-pd-1p1d j1p "${remote[@]}"
   HYBRID_PD_KV_DIGESTS=0 run nemotronh hybrid-pd-1p1d j1p-nd "${remote[@]}"
   echo j1p-all >> "$R/done.txt"
