@@ -55,14 +55,7 @@ def digest_blocks(tensors: Sequence[torch.Tensor], block_ids: Sequence[int], bat
     """The digest of each block in `block_ids` over `tensors` (one KV-cache group's layers, in a fixed order).
     `batched` (default: on a GPU) computes the same digests with the layers of one layout together
     (_layer_sums_batched)."""
-    return digest_many([(tensors, block_ids)], batched)[0]
-
-
-def digest_many(
-    jobs: Sequence[tuple[Sequence[torch.Tensor], Sequence[int]]], batched: bool | None = None
-) -> list[list[int]]:
-    """digest_blocks of each (tensors, block_ids) job, read back to the host together (PendingDigests.result)."""
-    return PendingDigests(jobs, batched).result()
+    return PendingDigests([(tensors, block_ids)], batched).result()[0]
 
 
 class PendingDigests:
@@ -78,14 +71,12 @@ class PendingDigests:
         self._shape = [(x is not None, len(ids)) for x, (_, ids) in zip(parts, jobs)]
         live = [x for x in parts if x is not None]
         flat = torch.cat(live) if live else torch.zeros(0, dtype=torch.int64)
-        self._event: torch.cuda.Event | None = None
-        self._device: torch.Tensor | None = None  # alive until read (the allocator reuses it in stream order anyway)
+        self._event: torch.cuda.Event | None = None  # `flat` may go: its memory is reused in stream order
         if flat.device.type == "cuda":
             self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
             self._host.copy_(flat, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record()
-            self._device = flat
         else:
             self._host = flat
         self._values: list[list[int]] | None = None
@@ -99,7 +90,7 @@ class PendingDigests:
                 self._event.synchronize()
             values = iter(self._host.tolist())
             self._values = [[next(values) for _ in range(n)] if live else [0] * n for live, n in self._shape]
-            self._event, self._device = None, None
+            self._event = None
         return self._values
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from hybrid_pd.connector.kv_digest import digest_blocks, digest_many, flip_first_word
+from hybrid_pd.connector.kv_digest import PendingDigests, digest_blocks, flip_first_word
 
 
 def layers(seed: int = 0, blocks: int = 8) -> list[torch.Tensor]:
@@ -81,14 +81,15 @@ def test_two_sign_bits_flipped_are_caught():
 
 
 def test_digests_read_back_together_are_each_jobs_own_in_order():
-    """P digests every group of every prompt a step completed in one digest_many call (one read back to the
+    """P digests every group of every prompt a step completed together (PendingDigests: one read back to the
     host): each job gets exactly its own digest_blocks, empty jobs included, whatever the jobs around it."""
     a, b = layers(1), layers(2, blocks=5)
     jobs = [(a, [3, 1]), (b, []), ([], [2]), (b, [4, 0, 4]), (a, range(8))]
-    assert digest_many(jobs) == [digest_blocks(t, ids) for t, ids in jobs]
-    assert digest_many(jobs)[2] == [0] and digest_many(jobs)[1] == [] and digest_many([]) == []
-    assert digest_many(jobs[::-1]) == digest_many(jobs)[::-1]
-    assert digest_many(jobs, batched=True) == digest_many(jobs, batched=False)
+    together = PendingDigests(jobs).result()
+    assert together == [digest_blocks(t, ids) for t, ids in jobs]
+    assert together[2] == [0] and together[1] == [] and PendingDigests([]).result() == []
+    assert PendingDigests(jobs[::-1]).result() == together[::-1]
+    assert PendingDigests(jobs, batched=True).result() == PendingDigests(jobs, batched=False).result()
 
 
 def test_the_batched_digest_is_the_per_layer_one_on_every_layout(monkeypatch):
