@@ -3,8 +3,8 @@
 # The lent GPU machine has no package index and is given back 30 s after a call, so the wheelhouse
 # (build_wheelhouse.sh, ~400 MB; VLLM=0.33.0's, with its own torch 2.14: 2.0 GiB, 52 chunks of 40 MiB) travels as
 # tar chunks of CHUNK_MB MiB (default 40: a call carries 64 MiB with the working tree; CHUNK_MB=44, 47 chunks,
-# carried on 2026-12-06 with an 18.8 MB tree, ~3.2 s of held time a call), one per call, kept on its disk until
-# the last arrives;
+# carried on 2026-12-06 with an 18.8 MB tree, ~3.2 s of held time a call; refused at 20.3 MB: keep the default
+# once the tree grows), one per call, kept on its disk until the last arrives;
 # every step below is idempotent, so calls can be chained back to back.
 #
 #   (here)   bash deploy/gpu/bench_gpu.sh chunks WHEELHOUSE CHUNK_DIR    # tar stream split into CHUNK_DIR/cNN/
