@@ -5,7 +5,9 @@
 # tar chunks of CHUNK_MB MiB (default 40: a call carries 64 MiB with the working tree; CHUNK_MB=44, 47 chunks,
 # carried on 2026-12-06 with an 18.8 MB tree, ~3.2 s of held time a call; refused at 20.3 MB: keep the default
 # once the tree grows), one per call, kept on its disk until the last arrives;
-# every step below is idempotent, so calls can be chained back to back.
+# every step below is idempotent, so calls can be chained back to back. Send the first chunk's call ALONE and the
+# rest in one batch within the 30 s the machine stays warm: a batch sent to a machine that did not start is refused
+# call by call at 15 s of device time each (2026-12-06: 51 refusals, ~800 s of a session's 1,800, gone).
 #
 #   (here)   bash deploy/gpu/bench_gpu.sh chunks WHEELHOUSE CHUNK_DIR    # tar stream split into CHUNK_DIR/cNN/
 #   (device) bash deploy/gpu/bench_gpu.sh stash CHUNK_DIR                # keep a chunk under /root/wh
