@@ -67,6 +67,7 @@ class _Active:
     posted: float | None = None  # when the READ was posted: transfer time runs from here, like upstream's
     stats: TransferStats | None = None
     check: integrity.Check | None = None  # the READ landed: its blocks' digests on their way (or nothing to check)
+    error: Exception | None = None  # met at a step's start (landing the READ): the next poll fails the load with it
 
 
 class WorkerSide:
@@ -160,6 +161,8 @@ class WorkerSide:
                     self._post(act, *peer.future.result())
                 except Exception:  # noqa: BLE001  poll() posts again, meets the error and fails the request
                     pass
+        for act in self._active.values():
+            self._land_early(act)
         for req_id, lease_s in meta.leases.items():
             self._leases[req_id] = now + lease_s
         self._to_digest.update(meta.digests)
@@ -175,10 +178,32 @@ class WorkerSide:
             return None
         return integrity.RequestDigests(todo, self._digest)
 
+    def _land_early(self, act: _Active) -> None:
+        """At a step's start (before its forward pass is queued): a READ that landed since the last poll starts its
+        check now, so that on a GPU the digest kernels run ahead of the step's forward pass and are back by the
+        step's poll, which then reports the load: checked in the poll that lands it, they would queue behind the
+        forward pass and the load would wait a whole step more (the next poll) to be reported."""
+        if act.error is not None:
+            return
+        try:
+            self._land(act)
+        except Exception as e:  # noqa: BLE001  the poll fails the load with it, as if met there
+            act.error = e
+
+    def _land(self, act: _Active) -> bool:
+        """True once act's READ landed and its check started."""
+        if act.check is None and act.handle is not None and self.transport.poll(act.handle):
+            self.transport.release(act.handle)
+            act.handle = None
+            act.check = self._check_landed(act)
+        return act.check is not None
+
     def _advance(self, act: _Active) -> bool:
         """Move one job forward; True when it finished successfully. Raises ConnectorError on failure."""
         job = act.job
         peer = self._peer(job.remote)
+        if act.error is not None:
+            raise act.error
         if act.check is None:
             if act.handle is None:
                 if not peer.future.done():
@@ -192,11 +217,9 @@ class WorkerSide:
                 if not self._post(act, theirs, agent):
                     self.transport.notify(agent, encode(Done(job.remote.remote_request_id)))
                     return True
-            if not self.transport.poll(act.handle):
+            if not self._land(act):
                 return False
-            self.transport.release(act.handle)
-            act.handle = None
-            act.check = self._check_landed(act)
+        assert act.check is not None
         if not act.check.ready():  # the landed blocks' digests are on their way: the engine never waits for them
             return False
         checked = act.check.finish()  # raises DigestMismatch: the load fails

@@ -126,27 +126,59 @@ class Late:
         return self.inner.result()
 
 
-def worker(buf: np.ndarray, engine: str, late: int = 0, **kw) -> tuple[WorkerSide, list[torch.Tensor]]:
+class Gpu:
+    """A GPU's progress as an engine's steps see it: each step queues work at its start (start_load_kv, before the
+    forward pass), the forward pass runs, then the step polls (get_transfer_results). Digests queued in one phase
+    are back in a later one."""
+
+    def __init__(self):
+        self.phase = 0
+
+    def step(self, d: WorkerSide, meta: StepMeta | None = None):
+        self.phase += 1
+        d.start(meta or StepMeta())
+        self.phase += 1  # the forward pass
+        return d.poll()
+
+
+class Queued:
+    """Digests queued on `gpu` now: back once it moved on (reading them before would be the engine waiting)."""
+
+    def __init__(self, inner: integrity.Pending, gpu: Gpu):
+        self.inner, self.gpu, self.at = inner, gpu, gpu.phase
+
+    def ready(self) -> bool:
+        return self.gpu.phase > self.at
+
+    def result(self) -> list[list[int]]:
+        assert self.ready(), "digests read before they were back: the engine would have waited"
+        return self.inner.result()
+
+
+def worker(buf: np.ndarray, engine: str, late: int = 0, gpu: Gpu | None = None, **kw
+           ) -> tuple[WorkerSide, list[torch.Tensor]]:
     t = InMemoryTransport(f"{engine}-digest")
     whole = torch.from_numpy(buf)
     layers = [whole.as_strided((NBLOCKS, STATE), (PAGE, 1)), whole[NBLOCKS * PAGE :].view(NBLOCKS, PAGE)]
     regions = [Region("m", 0, buf.ctypes.data, PAGE, STATE, NBLOCKS),
                Region("a", 1, buf.ctypes.data + NBLOCKS * PAGE, PAGE, PAGE, NBLOCKS)]
     hs = Handshake(PROTOCOL_VERSION, engine, 0, t.name, t.metadata(), ["mamba", "attention"], [4, 4], regions)
-    def digest(items):  # with `late`, digests that take that many looks to come back
+    def digest(items):  # with `late`, digests that take that many looks to come back; with `gpu`, queued on it
         pending = PendingDigests([([layers[g]], ids) for g, ids in items])
-        return Late(pending, late) if late else pending
+        return Late(pending, late) if late else Queued(pending, gpu) if gpu else pending
 
     return WorkerSide(t, hs, digest=digest, algorithm=ALGORITHM, **kw), layers
 
 
-def load(corrupt_reads: int, verify_fraction: float = 1.0, late: int = 0):
+def prefilled(corrupt_reads: int = 0, verify_fraction: float = 1.0, late: int = 0, gpu: Gpu | None = None
+              ) -> tuple[WorkerSide, LoadJob, list]:
+    """D's worker and the load of what P's worker digested (the blocks D zeroes when a load fails: the list)."""
     src = np.random.default_rng(1).integers(0, 255, 2 * NBLOCKS * PAGE, dtype=np.uint8)
     dst = np.zeros_like(src)
     p, _ = worker(src, "P")
-    cleared = []
-    d, d_layers = worker(dst, "D", late=late, fetch=lambda host, port, timeout: b"", verify_fraction=verify_fraction,
-                         corrupt_reads=corrupt_reads, clear_blocks=cleared.extend,
+    cleared: list = []
+    d, d_layers = worker(dst, "D", late=late, gpu=gpu, fetch=lambda host, port, timeout: b"",
+                         verify_fraction=verify_fraction, corrupt_reads=corrupt_reads, clear_blocks=cleared.extend,
                          corrupt_blocks=lambda runs: [flip_first_word([d_layers[r.group]], r.local_start)
                                                       for r in runs])
     p.start(StepMeta(digests={"p-r1": [[3], [5, 6]]}))
@@ -157,7 +189,12 @@ def load(corrupt_reads: int, verify_fraction: float = 1.0, late: int = 0):
 
     remote = RemotePrefill("P", "p-r1", "h", 7, [[0, 3], [5, 6]], 8, 9, handshakes=[encode(p.local)],
                            digests=BlockDigests(ALGORITHM, [shipped]))
-    d.start(StepMeta(loads=[LoadJob("r1", remote, PLAN)]))
+    return d, LoadJob("r1", remote, PLAN), cleared
+
+
+def load(corrupt_reads: int, verify_fraction: float = 1.0, late: int = 0):
+    d, job, cleared = prefilled(corrupt_reads, verify_fraction, late)
+    d.start(StepMeta(loads=[job]))
     deadline, polls = time.monotonic() + 10, 0  # polled as a step would, for a load whose READ runs off this thread
     while time.monotonic() < deadline:
         res, polls = d.poll(), polls + 1
@@ -182,6 +219,25 @@ def test_a_landed_read_waits_in_its_own_polls_for_its_digests_never_in_one():
     assert later >= prompt + 3
     res, stats, cleared, _ = load(corrupt_reads=1, late=2)
     assert res.failed_recving == {"r1"} and stats.digest_mismatch and cleared == list(PLAN.runs)
+
+
+def test_a_read_landed_between_steps_is_checked_ahead_of_the_next_forward_pass_and_reported_in_its_poll():
+    """A READ that lands while no step runs: the next step starts its check before its forward pass, so the
+    digests are back by that step's poll, which reports the load (checked in the poll, they would queue behind
+    the forward pass and the load would be reported a step later). A flipped byte fails it in the same step."""
+    for corrupt in (0, 1):
+        gpu = Gpu()
+        d, job, cleared = prefilled(corrupt_reads=corrupt, gpu=gpu)
+        d.transport.stall_reads = True  # in flight
+        res, deadline = gpu.step(d, StepMeta(loads=[job])), time.monotonic() + 10
+        while not d.transport.reads and time.monotonic() < deadline:  # posted once the handshake is in
+            res = gpu.step(d)
+            time.sleep(0.001)
+        assert d.transport.reads and not res.finished_recving
+        d.transport.stall_reads = False  # the READ lands between two steps
+        res = gpu.step(d)
+        assert res.finished_recving == {"r1"}
+        assert (res.failed_recving == {"r1"} and cleared == list(PLAN.runs)) if corrupt else not res.failed_recving
 
 
 def test_a_byte_flipped_in_flight_fails_the_load_zeroes_its_blocks_and_is_counted():

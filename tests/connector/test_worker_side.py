@@ -111,6 +111,22 @@ def test_failed_read_is_reported_failed_and_the_peer_is_re_handshaken():
     assert cleared == [Run(1, 2, 5, 2), Run(0, 7, 3)]  # the blocks it may have half-written are zeroed
 
 
+def test_a_read_that_fails_as_a_step_starts_fails_in_that_steps_poll():
+    """start() lands READs that completed since the last poll (their checks start ahead of the step's forward
+    pass): one that failed does not raise there, the step's poll fails the load with its error."""
+    cleared = []
+    clock, src, dst, p, pt, d, dt = pair(clear_blocks=cleared.extend)
+    p.start(StepMeta(leases={"p-r1": 30, "p-r2": 30}))
+    d.start(StepMeta(loads=[load_job("r1")]))
+    assert drive(d).finished_recving == {"r1"}
+    dt.fail_reads = True
+    d.start(StepMeta(loads=[load_job("r2")]))  # posted, and its failure met, here
+    res = d.poll()
+    assert res.failed_recving == {"r2"} == res.finished_recving and d.stats[-1].failed
+    assert cleared == list(PLAN_RUNS)
+    assert Rejected("p-r2", reason=f"READ from {pt.name} failed") in map(decode_notification, pt.notifications())
+
+
 def test_stalled_read_fails_at_its_deadline():
     clock, src, dst, p, pt, d, dt = pair(read_timeout_s=5)
     dt.stall_reads = True
