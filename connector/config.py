@@ -18,6 +18,10 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
                                                                   P digests every block it ships; D checks this
                                                                   fraction of the blocks it read (1: all, 0: off,
                                                                   P computes none; between: a sample)
+    digest_wait_ms      HYBRID_PD_DIGEST_WAIT_MS       3          D: how long a step's poll waits for the digests of
+                                                                  a READ it landed (a GPU computes them beside the
+                                                                  step's forward pass); not back by then, the load
+                                                                  is reported a step later (0: never wait)
     nixl_backend        HYBRID_PD_NIXL_BACKEND         UCX        UCX or LIBFABRIC
     progress_thread     HYBRID_PD_NIXL_PROGRESS_THREAD 1          NIXL's own progress thread (0: the engine's
                                                                   steps drive the transfers; CPU launchers)
@@ -83,6 +87,7 @@ class ConnectorConfig:
     keep_affinity: bool = False
     prefill_to_boundary: bool | None = None  # None: auto (vllm_glue.prefill_to_boundary)
     kv_digests: float = 1.0
+    digest_wait_ms: float = 3.0
     params_port: int = 0
     await_timeout_s: float = 120.0
     test_corrupt_reads: int = 0
@@ -110,6 +115,7 @@ class ConnectorConfig:
             ship_checkpoints=setting("ship_checkpoints", "HYBRID_PD_SHIP_CHECKPOINTS", True, _flag),
             prefill_to_boundary=setting("prefill_to_boundary", "HYBRID_PD_PREFILL_TO_BOUNDARY", None, _auto_flag),
             kv_digests=setting("kv_digests", "HYBRID_PD_KV_DIGESTS", 1.0, float),
+            digest_wait_ms=setting("digest_wait_ms", "HYBRID_PD_DIGEST_WAIT_MS", 3.0, float),
             params_port=setting("params_port", "HYBRID_PD_PARAMS_PORT", 0, int),
             await_timeout_s=setting("await_timeout_s", "HYBRID_PD_AWAIT_TIMEOUT_S", 120.0, float),
             test_corrupt_reads=setting(None, "HYBRID_PD_TEST_CORRUPT_READS", 0, int),
@@ -130,6 +136,8 @@ class ConnectorConfig:
                 raise ConfigurationError(f"{name}={value}: must be > 0 seconds")
         if not 0 <= config.kv_digests <= 1:
             raise ConfigurationError(f"kv_digests={config.kv_digests}: must be a fraction 0-1 (1: every block, 0: off)")
+        if not 0 <= config.digest_wait_ms <= 100:
+            raise ConfigurationError(f"digest_wait_ms={config.digest_wait_ms}: must be 0-100 ms (a step's poll waits)")
         if config.test_corrupt_kind not in CORRUPT_KINDS:
             kind = config.test_corrupt_kind
             raise ConfigurationError(f"HYBRID_PD_TEST_CORRUPT_KIND={kind!r}: one of {CORRUPT_KINDS}")

@@ -21,6 +21,7 @@ or misplaced blocks), not against an adversary who can write P's memory. Cost: b
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 
@@ -66,19 +67,27 @@ class PendingDigests:
     its own, the block ids' pageable copy and the read each syncing the stream: 12 syncs for one prompt of the
     Nemotron-H shape's six groups, inside the step that completed it. On the CPU the values are computed at once."""
 
-    def __init__(self, jobs: Sequence[tuple[Sequence[torch.Tensor], Sequence[int]]], batched: bool | None = None):
-        parts = [_digest_tensor(t, ids, batched) if len(ids) and len(t) else None for t, ids in jobs]
-        self._shape = [(x is not None, len(ids)) for x, (_, ids) in zip(parts, jobs)]
-        live = [x for x in parts if x is not None]
-        flat = torch.cat(live) if live else torch.zeros(0, dtype=torch.int64)
-        self._event: torch.cuda.Event | None = None  # `flat` may go: its memory is reused in stream order
-        if flat.device.type == "cuda":
-            self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            self._host.copy_(flat, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-        else:
-            self._host = flat
+    def __init__(
+        self,
+        jobs: Sequence[tuple[Sequence[torch.Tensor], Sequence[int]]],
+        batched: bool | None = None,
+        stream: torch.cuda.Stream | None = None,
+    ):
+        """`stream`: queue them there instead (D's check of landed blocks, which no kernel of the step writes: they
+        run beside the step's forward pass, not behind it)."""
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            parts = [_digest_tensor(t, ids, batched) if len(ids) and len(t) else None for t, ids in jobs]
+            self._shape = [(x is not None, len(ids)) for x, (_, ids) in zip(parts, jobs)]
+            live = [x for x in parts if x is not None]
+            flat = torch.cat(live) if live else torch.zeros(0, dtype=torch.int64)
+            self._event: torch.cuda.Event | None = None  # `flat` may go: its memory is reused in stream order
+            if flat.device.type == "cuda":
+                self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+                self._host.copy_(flat, non_blocking=True)
+                self._event = torch.cuda.Event()
+                self._event.record()
+            else:
+                self._host = flat
         self._values: list[list[int]] | None = None
 
     def ready(self) -> bool:

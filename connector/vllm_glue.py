@@ -271,6 +271,8 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
             idle_wait_s=self.config.idle_wait_ms / 1000,
             clear_blocks=layout.clear_blocks,
             digest=layout.digests if self.config.kv_digests > 0 else None,
+            landed_digest=layout.landed_digests if self.config.kv_digests > 0 else None,
+            check_wait_s=self.config.digest_wait_ms / 1000,
             algorithm=ALGORITHM,
             verify_fraction=self.config.kv_digests,
             corrupt_reads=self.config.test_corrupt_reads,

@@ -19,6 +19,7 @@ class KvCacheLayout:
     ranges: dict[int, int] = field(default_factory=dict)  # storage start -> bytes: what NIXL registers
     mem_type: str = "DRAM"
     by_group: dict[int, list[Any]] = field(default_factory=dict)  # KV-cache group -> its layers' tensors
+    _side: Any = None  # the CUDA stream of D's checks (landed_digests), made at the first
 
     def clear_blocks(self, runs: Iterable[Any]) -> None:
         """Zero the blocks of `runs` (a failed READ's: nothing half-landed is ever read as cached)."""
@@ -28,8 +29,22 @@ class KvCacheLayout:
 
     def digests(self, items: Sequence[tuple[int, Sequence[int]]]) -> PendingDigests:
         """Per (group, block ids): their digests over every tensor of that group, queued and read back together
-        (kv_digest.PendingDigests)."""
+        (kv_digest.PendingDigests), behind the work on the current stream (P: the forward pass that wrote them)."""
         return PendingDigests([(self.by_group.get(group, ()), ids) for group, ids in items])
+
+    def landed_digests(self, items: Sequence[tuple[int, Sequence[int]]]) -> PendingDigests:
+        """The same for blocks a READ landed (D's check), on a GPU on a stream of their own: no kernel of D's
+        steps writes them, so they need not wait for the forward pass queued ahead of them."""
+        return PendingDigests([(self.by_group.get(group, ()), ids) for group, ids in items], stream=self.side_stream())
+
+    def side_stream(self) -> Any:
+        """The CUDA stream of D's checks (None on a CPU), made at first use."""
+        if self._side is None and self.mem_type == "VRAM":
+            import torch
+
+            device = next(t.device for layers in self.by_group.values() for t in layers)
+            self._side = torch.cuda.Stream(device)
+        return self._side
 
     def corrupter(self, kind: str, group_kinds: list[str]) -> Callable[[Iterable[Any]], None]:
         """The test hooks HYBRID_PD_TEST_CORRUPT_READS and _KIND: "flip" flips the first word of each landed run's
@@ -51,6 +66,10 @@ class KvCacheLayout:
             for group, block in last.items():
                 for layer, t in enumerate(self.by_group[group]):
                     scramble_block(t, block, seed=layer)
+            if (side := self.side_stream()) is not None:  # the check that follows reads the spoiled bytes
+                import torch
+
+                side.wait_stream(torch.cuda.current_stream(side.device))
 
         return corrupt
 

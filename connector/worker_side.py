@@ -68,6 +68,7 @@ class _Active:
     stats: TransferStats | None = None
     check: integrity.Check | None = None  # the READ landed: its blocks' digests on their way (or nothing to check)
     error: Exception | None = None  # met at a step's start (landing the READ): the next poll fails the load with it
+    waited: bool = False  # a poll waited for its check's digests once (_ready)
 
 
 class WorkerSide:
@@ -84,6 +85,8 @@ class WorkerSide:
         sleep: Callable[[float], None] = time.sleep,
         clear_blocks: Callable[[Sequence[Run]], None] | None = None,
         digest: integrity.DigestFn | None = None,
+        landed_digest: integrity.DigestFn | None = None,
+        check_wait_s: float = 0.0,
         algorithm: str = "",
         verify_fraction: float = 0.0,
         corrupt_reads: int = 0,
@@ -105,6 +108,8 @@ class WorkerSide:
         # KV integrity (integrity.py): P digests the blocks of requests whose prompt completed this step; D
         # checks `verify_fraction` of the blocks each READ landed before it reports the load done
         self._digest, self.algorithm, self.verify_fraction = digest, algorithm, verify_fraction
+        # D: the digests of landed blocks (`digest` where not given), and how long a poll waits for them (_ready)
+        self._landed_digest, self.check_wait_s = landed_digest or digest, check_wait_s
         self._to_digest: dict[str, list[list[int]]] = {}
         # tests only: spoil bytes in the landed blocks of the first `corrupt_reads` loads, before the check
         self._corrupt_reads, self._corrupt_blocks = corrupt_reads, corrupt_blocks
@@ -219,9 +224,9 @@ class WorkerSide:
                     return True
             if not self._land(act):
                 return False
-        assert act.check is not None
-        if not act.check.ready():  # the landed blocks' digests are on their way: the engine never waits for them
+        if not self._ready(act):  # the landed blocks' digests are still on their way
             return False
+        assert act.check is not None
         checked = act.check.finish()  # raises DigestMismatch: the load fails
         if act.stats is not None:
             act.stats.blocks_verified = checked
@@ -231,6 +236,24 @@ class WorkerSide:
         except TransportError as e:  # the data landed; P's lease frees its blocks
             log.warning("request %s: could not tell the prefiller it is done: %s", job.request_id, e)
         return True
+
+    def _ready(self, act: _Active) -> bool:
+        """Whether act's check has its digests. At its first look a poll waits up to check_wait_s for them (a
+        spin, on the engine's thread): on a GPU they run beside the step's forward pass (landed_digest's stream),
+        and a check not back now is reported a whole step later (the next poll). Never longer: the engine's
+        other streams wait with it."""
+        check = act.check
+        assert check is not None
+        if check.ready():
+            return True
+        if act.waited or self.check_wait_s <= 0:
+            return False
+        act.waited = True
+        give_up = time.perf_counter() + self.check_wait_s
+        while time.perf_counter() < give_up:
+            if check.ready():
+                return True
+        return False
 
     def _post(self, act: _Active, theirs: Handshake, agent: str) -> bool:
         """Post the READ of `act`'s plan; False when there is nothing to read."""
@@ -256,10 +279,12 @@ class WorkerSide:
             log.warning("request %s: test hook HYBRID_PD_TEST_CORRUPT_READS spoils bytes it landed", job.request_id)
             self._corrupt_blocks(plan.runs)
         expected = job.remote.digests
-        if expected is None or self._digest is None or self.verify_fraction <= 0:
+        if expected is None or self._landed_digest is None or self.verify_fraction <= 0:
             return integrity.Check(job.request_id, [], integrity.Computed([]))
         pairs = integrity.pairs_to_verify(plan, self.verify_fraction, job.request_id)
-        return integrity.start_check(expected, self.algorithm, self.local.tp_rank, pairs, self._digest, job.request_id)
+        return integrity.start_check(
+            expected, self.algorithm, self.local.tp_rank, pairs, self._landed_digest, job.request_id
+        )
 
     def _fail(self, act: _Active, err: Exception, results: Results) -> None:
         job = act.job

@@ -33,6 +33,7 @@ def test_extra_config_wins_over_the_environment():
     ({"idle_wait_ms": 500}, {}, "idle_wait_ms=500"),
     ({}, {"HYBRID_PD_KV_DIGESTS": "all"}, "HYBRID_PD_KV_DIGESTS='all'"),
     ({"kv_digests": 2}, {}, "kv_digests=2.0: must be a fraction 0-1"),
+    ({}, {"HYBRID_PD_DIGEST_WAIT_MS": "-1"}, "digest_wait_ms=-1.0: must be 0-100 ms"),
     ({}, {"HYBRID_PD_TEST_CORRUPT_KIND": "zero"}, "HYBRID_PD_TEST_CORRUPT_KIND='zero'"),
     ({}, {"HYBRID_PD_PARAMS_PORT": "inbox"}, "HYBRID_PD_PARAMS_PORT='inbox'"),
     ({"params_port": 70000}, {}, "params_port=70000"),

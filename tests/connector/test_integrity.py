@@ -155,7 +155,22 @@ class Queued:
         return self.inner.result()
 
 
-def worker(buf: np.ndarray, engine: str, late: int = 0, gpu: Gpu | None = None, **kw
+class Gate:
+    """Digests back once `open`, counting the looks (ready() calls) a poll takes."""
+
+    def __init__(self, inner: integrity.Pending):
+        self.inner, self.open, self.looks = inner, False, 0
+
+    def ready(self) -> bool:
+        self.looks += 1
+        return self.open
+
+    def result(self) -> list[list[int]]:
+        assert self.open, "digests read before they were back: the engine would have waited"
+        return self.inner.result()
+
+
+def worker(buf: np.ndarray, engine: str, late: int = 0, gpu: Gpu | None = None, gate: list | None = None, **kw
            ) -> tuple[WorkerSide, list[torch.Tensor]]:
     t = InMemoryTransport(f"{engine}-digest")
     whole = torch.from_numpy(buf)
@@ -163,16 +178,20 @@ def worker(buf: np.ndarray, engine: str, late: int = 0, gpu: Gpu | None = None, 
     regions = [Region("m", 0, buf.ctypes.data, PAGE, STATE, NBLOCKS),
                Region("a", 1, buf.ctypes.data + NBLOCKS * PAGE, PAGE, PAGE, NBLOCKS)]
     hs = Handshake(PROTOCOL_VERSION, engine, 0, t.name, t.metadata(), ["mamba", "attention"], [4, 4], regions)
-    def digest(items):  # with `late`, digests that take that many looks to come back; with `gpu`, queued on it
-        pending = PendingDigests([([layers[g]], ids) for g, ids in items])
+    def digest(items):  # with `late`, digests that take that many looks to come back; with `gpu`, queued on it;
+        pending = PendingDigests([([layers[g]], ids) for g, ids in items])  # with `gate`, behind a Gate (listed)
+        if gate is not None:
+            gate.append(Gate(pending))
+            return gate[-1]
         return Late(pending, late) if late else Queued(pending, gpu) if gpu else pending
 
     return WorkerSide(t, hs, digest=digest, algorithm=ALGORITHM, **kw), layers
 
 
-def prefilled(corrupt_reads: int = 0, verify_fraction: float = 1.0, late: int = 0, gpu: Gpu | None = None
-              ) -> tuple[WorkerSide, LoadJob, list]:
-    """D's worker and the load of what P's worker digested (the blocks D zeroes when a load fails: the list)."""
+def prefilled(corrupt_reads: int = 0, verify_fraction: float = 1.0, late: int = 0, gpu: Gpu | None = None, **kw
+              ) -> tuple[WorkerSide, LoadJob, list, WorkerSide]:
+    """D's worker, the load of what P's worker digested, the blocks D zeroes when a load fails, and P's worker
+    (keep it: its memory is what D reads)."""
     src = np.random.default_rng(1).integers(0, 255, 2 * NBLOCKS * PAGE, dtype=np.uint8)
     dst = np.zeros_like(src)
     p, _ = worker(src, "P")
@@ -180,7 +199,7 @@ def prefilled(corrupt_reads: int = 0, verify_fraction: float = 1.0, late: int = 
     d, d_layers = worker(dst, "D", late=late, gpu=gpu, fetch=lambda host, port, timeout: b"",
                          verify_fraction=verify_fraction, corrupt_reads=corrupt_reads, clear_blocks=cleared.extend,
                          corrupt_blocks=lambda runs: [flip_first_word([d_layers[r.group]], r.local_start)
-                                                      for r in runs])
+                                                      for r in runs], **kw)
     p.start(StepMeta(digests={"p-r1": [[3], [5, 6]]}))
     taken = p.take_digests()
     assert taken is not None and p.take_digests() is None  # once
@@ -189,11 +208,11 @@ def prefilled(corrupt_reads: int = 0, verify_fraction: float = 1.0, late: int = 
 
     remote = RemotePrefill("P", "p-r1", "h", 7, [[0, 3], [5, 6]], 8, 9, handshakes=[encode(p.local)],
                            digests=BlockDigests(ALGORITHM, [shipped]))
-    return d, LoadJob("r1", remote, PLAN), cleared
+    return d, LoadJob("r1", remote, PLAN), cleared, p
 
 
 def load(corrupt_reads: int, verify_fraction: float = 1.0, late: int = 0):
-    d, job, cleared = prefilled(corrupt_reads, verify_fraction, late)
+    d, job, cleared, _p = prefilled(corrupt_reads, verify_fraction, late)
     d.start(StepMeta(loads=[job]))
     deadline, polls = time.monotonic() + 10, 0  # polled as a step would, for a load whose READ runs off this thread
     while time.monotonic() < deadline:
@@ -227,7 +246,7 @@ def test_a_read_landed_between_steps_is_checked_ahead_of_the_next_forward_pass_a
     the forward pass and the load would be reported a step later). A flipped byte fails it in the same step."""
     for corrupt in (0, 1):
         gpu = Gpu()
-        d, job, cleared = prefilled(corrupt_reads=corrupt, gpu=gpu)
+        d, job, cleared, _p = prefilled(corrupt_reads=corrupt, gpu=gpu)
         d.transport.stall_reads = True  # in flight
         res, deadline = gpu.step(d, StepMeta(loads=[job])), time.monotonic() + 10
         while not d.transport.reads and time.monotonic() < deadline:  # posted once the handshake is in
@@ -238,6 +257,36 @@ def test_a_read_landed_between_steps_is_checked_ahead_of_the_next_forward_pass_a
         res = gpu.step(d)
         assert res.finished_recving == {"r1"}
         assert (res.failed_recving == {"r1"} and cleared == list(PLAN.runs)) if corrupt else not res.failed_recving
+
+
+def first_polls(d: WorkerSide, job: LoadJob) -> list:
+    """Poll (after the step that registers `job`) until its READ is posted and one poll more: the results of
+    the poll that landed it (the in-memory READ lands when first polled) and of the next."""
+    d.start(StepMeta(loads=[job]))
+    landing, deadline = d.poll(), time.monotonic() + 10
+    while not d.transport.reads and time.monotonic() < deadline:  # posted once the handshake is in
+        time.sleep(0.001)
+        landing = d.poll()
+    return [landing, d.poll()]
+
+
+def test_the_poll_that_lands_a_read_waits_for_its_digests_up_to_check_wait_s_once():
+    """D's poll waits (check_wait_s, a spin) for the digests of the READ it landed, which a GPU computes beside
+    the step's forward pass: back within it, the load is reported by that poll (not waiting, a poll or more
+    later: the test above); not back, the poll gives up on time, the next polls look once each without
+    waiting, and the first to find them back reports the load."""
+    d, job, _, _p = prefilled(late=3, check_wait_s=5.0)
+    landing, _ = first_polls(d, job)
+    assert landing.finished_recving == {"r1"} and not landing.failed_recving
+    gates: list[Gate] = []
+    d, job, _, _p = prefilled(gate=gates, check_wait_s=0.02)
+    landing, after = first_polls(d, job)
+    assert not landing.finished_recving and not after.finished_recving
+    looks = gates[0].looks
+    assert looks > 3  # the landing poll waited, looking again and again; the next looked once
+    assert d.poll().finished_recving == set() and gates[0].looks == looks + 1  # one look a poll, no wait
+    gates[0].open = True
+    assert d.poll().finished_recving == {"r1"}
 
 
 def test_a_byte_flipped_in_flight_fails_the_load_zeroes_its_blocks_and_is_counted():
