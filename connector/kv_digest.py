@@ -39,7 +39,10 @@ def multipliers(n: int, device: torch.device) -> torch.Tensor:
     if m is None:
         gen = torch.Generator(device="cpu").manual_seed(_SEED)
         m = torch.randint(-(2**31), 2**31, (n,), generator=gen, dtype=torch.int64) | 1
-        m = _multipliers[key] = m.to(device)
+        m = m.to(device)
+        if m.device.type == "cuda":  # once: copied on the current stream, read on any (D checks on a stream of its own)
+            torch.cuda.synchronize(m.device)
+        _multipliers[key] = m
     return m
 
 
