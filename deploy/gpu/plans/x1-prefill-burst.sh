@@ -10,7 +10,10 @@
 # done.txt, "pb-all" at the end. Then, with JUDGED=1 (default), agentic 8k at c = CONC (default 1,8): upstream PD,
 # ours with every turn through P, and the same with the digests off on both engines (HYBRID_PD_KV_DIGESTS=0,
 # results under j1p-nd): whether the remote path's c=8 TTFT (ours 462 ms p50 against upstream's 209) and the PD
-# tax at c=1 (every turn through P) move. Results under j1p, "j1p-all", then "x1-all".
+# tax at c=1 (every turn through P) move. Results under j1p, "j1p-all", then "x1-all". Since written: D checks
+# landed blocks on a CUDA stream of its own and its landing poll waits up to HYBRID_PD_DIGEST_WAIT_MS (3 ms) for
+# them, so a checked load is reported in the step its READ landed (queued behind the forward pass: a step later).
+# ~1,400 s of device time after the wheelhouse is in: send the first chunk's call alone, then the rest at once.
 set -u
 export KIND=nemotronh
 . deploy/gpu/plans/common.sh
