@@ -19,7 +19,7 @@ class KvCacheLayout:
     ranges: dict[int, int] = field(default_factory=dict)  # storage start -> bytes: what NIXL registers
     mem_type: str = "DRAM"
     by_group: dict[int, list[Any]] = field(default_factory=dict)  # KV-cache group -> its layers' tensors
-    _side: Any = None  # the CUDA stream of D's checks (landed_digests), made at the first
+    _side: Any = None  # the CUDA stream of D's checks (landed_digests), made at first use
 
     def clear_blocks(self, runs: Iterable[Any]) -> None:
         """Zero the blocks of `runs` (a failed READ's: nothing half-landed is ever read as cached)."""

@@ -185,9 +185,8 @@ class WorkerSide:
 
     def _land_early(self, act: _Active) -> None:
         """At a step's start (before its forward pass is queued): a READ that landed since the last poll starts its
-        check now, so that on a GPU the digest kernels run ahead of the step's forward pass and are back by the
-        step's poll, which then reports the load: checked in the poll that lands it, they would queue behind the
-        forward pass and the load would wait a whole step more (the next poll) to be reported."""
+        check now, so that its digests are back by the step's poll, which then reports the load (on a GPU they run
+        during the forward pass, on a stream of their own)."""
         if act.error is not None:
             return
         try:
