@@ -1,5 +1,10 @@
 """The torch block digest (connector/kv_digest.py): what a transfer can break, it notices."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from hybrid_pd.connector.kv_digest import PendingDigests, digest_blocks, flip_first_word
@@ -111,3 +116,51 @@ def test_the_batched_digest_is_the_per_layer_one_on_every_layout(monkeypatch):
     assert [a != b for a, b in zip(moved, expected, strict=True)] == [False, False, True, True]
     monkeypatch.setattr(kv_digest, "BATCH_BYTES", 1)  # one layer per slice
     assert digest_blocks(group, ids, batched=True) == expected
+
+
+
+TRITON_CHECK = """
+import torch
+import hybrid_pd.connector.kv_digest as kv_digest
+from tests.connector.test_kv_digest import layers
+
+gen = torch.Generator().manual_seed(11)
+gpu_attention = torch.randn(6, 80, 2, 128, generator=gen).to(torch.bfloat16).permute(0, 2, 1, 3)  # K/V per token
+group = [*layers(4, blocks=6), gpu_attention, torch.randn(6, generator=gen), torch.randn(6, 4100, generator=gen)]
+ids = torch.tensor([5, 0, 3, 3])
+
+
+def torch_sums(tensors):
+    words = (kv_digest._words(kv_digest._raw(t).index_select(0, ids)) for t in tensors)
+    return [w.mul_(kv_digest.multipliers(w.shape[1], w.device)).sum(dim=1) for w in words]
+
+
+sums = kv_digest._layer_sums_triton(group, ids)
+assert sorted(sums) == [0, 1, 3, 4, 5], sorted(sums)  # layer 2's blocks are 7 bytes: torch's
+expected = torch_sums(group)
+assert all(torch.equal(sums[j], expected[j]) for j in sums), (sums, expected)
+group[5][3, 4099] += 1.0  # the last word of a block that spans three programs of WORDS words
+moved = kv_digest._layer_sums_triton(group, ids)[5]
+assert torch.equal(moved, torch_sums(group)[5]) and (moved != expected[5]).tolist() == [False, False, True, True]
+"""
+
+
+def test_the_triton_kernel_sums_what_torch_sums_on_every_layout_of_whole_words():
+    """On a GPU one Triton kernel per layer tensor sums its blocks' words (kv_digest._layer_sums_triton), in
+    memory order as torch's paths read them; here Triton's interpreter runs it on the CPU (in a process of its
+    own: the interpreter is chosen before triton is imported). Layers whose blocks are not whole words are left
+    to torch."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", TRITON_CHECK], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Triton kernel failed" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_triton_kernel_that_fails_leaves_the_digests_to_torch(monkeypatch, caplog):
+    import hybrid_pd.connector.kv_digest as kv_digest
+
+    monkeypatch.setattr(kv_digest, "_TRITON_OK", True)  # (restored after the test)
+    monkeypatch.setattr(kv_digest, "triton_kernel", lambda: 1 / 0)
+    assert kv_digest._layer_sums_triton([torch.randn(6, 100)], torch.tensor([1, 2])) == {}
+    assert not kv_digest._TRITON_OK and "torch computes them from now on" in caplog.text
