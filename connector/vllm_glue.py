@@ -244,6 +244,8 @@ class HybridPDConnector(KVConnectorBase_V1, SupportsHMA):
         except Exception:  # noqa: BLE001  no TP group (single process)
             tp_rank, tp_size = 0, 1
         layout = kv_cache_layout(kv_caches, self._kv_cache_config.kv_cache_groups)
+        if self.config.kv_digests > 0:
+            layout.warm_digests()
         transport = NixlTransport(
             f"{self.engine_id}-{tp_rank}",
             mem_type=layout.mem_type,

@@ -37,6 +37,13 @@ class KvCacheLayout:
         steps writes them, so they need not wait for the forward pass queued ahead of them."""
         return PendingDigests([(self.by_group.get(group, ()), ids) for group, ids in items], stream=self.side_stream())
 
+    def warm_digests(self) -> None:
+        """At start-up: digest block 0 of every group on both streams, so that a GPU compiles the digest kernels
+        (kv_digest.triton_kernel: one per layer dtype) now, not in the step of the first request that needs them."""
+        items = [(group, [0]) for group in self.by_group]
+        self.digests(items).result()
+        self.landed_digests(items).result()
+
     def side_stream(self) -> Any:
         """The CUDA stream of D's checks (None on a CPU), made at first use."""
         if self._side is None and self.mem_type == "VRAM":
