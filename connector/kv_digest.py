@@ -57,10 +57,13 @@ def multipliers(n: int, device: torch.device) -> torch.Tensor:
     return m
 
 
+def _block_elements(t: torch.Tensor) -> int:
+    return t[0].numel() if t.dim() > 1 else 1
+
+
 def _raw(t: torch.Tensor) -> torch.Tensor:
     """(blocks, elements of one block) over t's memory in memory order: each block is one dense range."""
-    n = t[0].numel() if t.dim() > 1 else 1
-    return t.as_strided((t.shape[0], n), (t.stride(0), 1))
+    return t.as_strided((t.shape[0], _block_elements(t)), (t.stride(0), 1))
 
 
 def _words(blocks: torch.Tensor) -> torch.Tensor:
@@ -188,7 +191,9 @@ def triton_kernel() -> Any:
         import triton.language as tl
 
         @triton.jit
-        def digest_words(x_ptr, ids_ptr, m_ptr, out_ptr, block_words, n_words, WORDS: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: E501
+        def digest_words(  # type: ignore[no-untyped-def]
+            x_ptr, ids_ptr, m_ptr, out_ptr, block_words, n_words, WORDS: tl.constexpr
+        ):
             block = tl.load(ids_ptr + tl.program_id(0))
             offs = tl.program_id(1) * WORDS + tl.arange(0, WORDS)
             inside = offs < n_words
@@ -208,7 +213,7 @@ def _layer_sums_triton(tensors: Sequence[torch.Tensor], ids: torch.Tensor) -> di
     words_ok = [
         j
         for j, t in enumerate(tensors)
-        if (t[0].numel() if t.dim() > 1 else 1) * t.element_size() % 4 == 0
+        if _block_elements(t) * t.element_size() % 4 == 0
         and t.stride(0) * t.element_size() % 4 == 0
         and t.data_ptr() % 4 == 0
     ]
@@ -222,7 +227,7 @@ def _layer_sums_triton(tensors: Sequence[torch.Tensor], ids: torch.Tensor) -> di
         out = torch.zeros((len(tensors), k), dtype=torch.int64, device=ids.device)
         for j in words_ok:
             t = tensors[j]
-            n = (t[0].numel() if t.dim() > 1 else 1) * t.element_size() // 4
+            n = _block_elements(t) * t.element_size() // 4
             grid = (k, triton.cdiv(n, WORDS))
             kernel[grid](
                 t, ids, multipliers(n, ids.device), out[j], t.stride(0) * t.element_size() // 4, n, WORDS=WORDS
