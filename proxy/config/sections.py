@@ -160,6 +160,15 @@ class DisaggConfig:
         "prefiller stalls the decoder's running streams as one on the decoder would",
         parse=boolean,
     )
+    shared_device_stall: float = setting(
+        1.0,
+        "shared_device_stall",
+        "policy ours, with --shared-device: the share of a prefiller's prefill the decoder's running streams wait "
+        "for (1: all of it, as for the decoder's own; on one H100 they saw about half the long gaps beside another "
+        "engine's prefills that they saw beside their own engine's)",
+        parse=float,
+        check=lambda v: None if 0 <= v <= 1 else "must be within [0, 1]",
+    )
     next_turn: bool = setting(
         True,
         "next_turn",

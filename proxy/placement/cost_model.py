@@ -44,6 +44,10 @@ compute, not its queue, which this choice does not change) plus the tail, and it
 step, and D's streams decode between P's steps as they do between D's own (P's TTFT grows as D alone's does).
 Measured: 2026-11-26-h100-qwen3next-judged-vllm033 at c=8, where the model without it sent 29 of 40 turns
 to P, each computing more than D alone would have, and lost to the colocated engine (352 vs 278 ms TTFT p50).
+How much of P's prefill D's streams wait for is the share s (`shared_device` in [0, 1], the proxy's
+--shared-device-stall, 1 unless given): each of the terms above times s. On one H100 (Nemotron-H, c=8,
+2026-12-06-h100-nemotronh-judged-vllm033) D's streams beside upstream's P saw about half the long gaps they saw
+beside the colocated engine's own prefills (inter-token gap p99 31.7 against 64.1 ms, 3 against 17 over 50 ms).
 
 The next turn (`next_remote`, q): D alone leaves the warmest prefiller where it was, and the conversation's next
 turn, where it goes to a prefiller, computes there what this one computed on D. D alone's objective carries that,
@@ -253,23 +257,26 @@ def place(
     *,
     itl_slo_ms: float = 0.0,
     aligned_block: int = 0,
-    shared_device: bool = False,
+    shared_device: float = 0.0,
     prefiller_queue: bool = True,
     stop: str = "",
 ) -> Placement:
     """The option for a `prompt_tokens` prompt whose decoder is `decoder` (see the module's docstring). Only
     prefillers that can serve are options; with none, D alone. Hits are clamped to [0, N - 1]. `stop` (BOUNDARY or
-    LAST) leaves the remote options only that stop on P, where the prompt has a boundary below its end ("": both)."""
+    LAST) leaves the remote options only that stop on P, where the prompt has a boundary below its end ("": both).
+    `shared_device`: the share of a prefiller's prefill D's streams wait for (0: apart; 1, or True: as for D's own;
+    clamped to [0, 1])."""
     if not decoder.can_serve:
         raise ValueError(f"decoder {decoder.name} cannot serve: pick another before placing")
     n = max(int(prompt_tokens), 1)
     k = max(decoder.load, 0.0)
     slo = max(itl_slo_ms, 0.0)
+    shared = min(max(float(shared_device), 0.0), 1.0)
     stops = (BOUNDARY, LAST) if remote_tail(n, aligned_block) > 1 else (LAST,)
     if stop in stops:
         stops = (stop,)
     remotes = [
-        _remote(n, stop, decoder, p, k, rates, slo, aligned_block, shared_device, prefiller_queue)
+        _remote(n, stop, decoder, p, k, rates, slo, aligned_block, shared, prefiller_queue)
         for p in prefillers
         if p.can_serve
         for stop in stops
@@ -290,7 +297,7 @@ def place(
     # apart, a remote gap never exceeds D alone's; on a shared device P's steps may. Equal gaps (a remote option
     # whose tail on D is D alone's) go by the objective used within the SLO, so that a larger hit on D, which
     # brings both gaps under it together, cannot turn a choice of D into one of P
-    best = min(options if shared_device else remotes, key=lambda o: (o.gap_ms, o.ttft_ms + o.next_turn_ms))
+    best = min(options if shared > 0 else remotes, key=lambda o: (o.gap_ms, o.ttft_ms + o.next_turn_ms))
     if best is local:
         return Placement(None, "local_least_gap", best, options)
     return Placement(best.prefiller, "remote_least_gap", best, options)
@@ -367,7 +374,7 @@ def _remote(
     rates: Rates,
     slo: float,
     aligned_block: int,
-    shared: bool = False,
+    shared: float = 0.0,
     queue: bool = True,
 ) -> Option:
     end = n - remote_tail(n, aligned_block, stop)  # where P stops
@@ -384,11 +391,11 @@ def _remote(
     last = min(on_d, rates.chunk_tokens)
     gap_ms = decoder_tail_ms(rates, n, last, steps=1)  # its costliest step
     stall, shared_ms = tail_ms, 0.0
-    if shared:  # P's steps take the GPU from D's streams as D's own prefill would, and D's steps from P's
-        stall += p_prefill
-        shared_ms = p_steps * rates.step_ms_per_seq * k
+    if shared > 0:  # P's steps take the GPU from D's streams (that share of D's own prefill), and D's steps from P's
+        stall += shared * p_prefill
+        shared_ms = shared * p_steps * rates.step_ms_per_seq * k
         p_last = min(u, rates.chunk_tokens)
-        gap_ms = max(gap_ms, rates.prefill_ms(p_last, end - p_last, 1))
+        gap_ms = max(gap_ms, shared * rates.prefill_ms(p_last, end - p_last, 1))
     factor = max(rates.prefiller_call_factor, 0.0)
     pulled_ms = call_ms * factor + shared_ms + rates.hop_ms + read_mb * rates.read_ms_per_mb
     # D's first step for this turn waits for the prompt tokens queued on D that are still to compute by then

@@ -116,7 +116,7 @@ class Decider:
             rates,
             itl_slo_ms=config.itl_slo_ms,
             aligned_block=block,
-            shared_device=config.shared_device,
+            shared_device=config.shared_device_stall if config.shared_device else 0.0,
             prefiller_queue=config.prefiller_queue,
             stop="" if config.prefiller_stop == "model" else config.prefiller_stop,
         )

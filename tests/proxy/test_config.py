@@ -44,6 +44,7 @@ def test_file_then_env_then_flags(tmp_path):
     (D + ["--decode-policy", "kv_hit=-1"], "--decode-policy"),
     (D + ["--kv-hash-algo", "sha256", "--kv-hash-block-size", "-4"], "--kv-hash-block-size"),
     (D + ["--decoder-hit-ratio", "1.5"], "--decoder-hit-ratio"),
+    (D + ["--shared-device", "--shared-device-stall", "1.5"], "--shared-device-stall"),
     (D + ["--prefill-timeout", "0"], "--prefill-timeout"),
     (D + ["--decode-events", "tcp://a:1", "--decode-events", "tcp://b:1"], "--decode-events"),
     (["--decode", "ftp://x"], "--decode"),

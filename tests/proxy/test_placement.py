@@ -64,7 +64,7 @@ def scenario(draw: st.DrawFn) -> dict:
         "rates": draw(rates()),
         "itl_slo_ms": draw(st.sampled_from([0.0, 5.0, 20.0, 50.0, 200.0])),
         "aligned_block": draw(st.sampled_from([0, 16, 544, 1040])),
-        "shared_device": draw(st.booleans()),
+        "shared_device": draw(st.sampled_from([0.0, 0.5, 1.0])),  # the share of P's prefill D's streams wait for
     }
 
 
@@ -314,6 +314,22 @@ def test_on_a_shared_device_p_s_prefill_stalls_the_decoders_streams():
         assert s.stall_ms == pytest.approx(a.stall_ms + compute) and compute > 50
         assert s.gap_ms >= a.gap_ms and s.ttft_ms > a.ttft_ms  # D's stream decodes between P's steps
         assert s.cost_ms == pytest.approx(s.ttft_ms + d.load * s.stall_ms)
+
+
+def test_on_a_shared_device_the_stall_share_scales_what_p_s_prefill_costs_the_decoders_streams():
+    """--shared-device-stall: D's streams wait for that share of P's prefill (its compute, its costliest step
+    and D's steps taken from P's), not all of it; the request of the test above, with two streams on D, then goes
+    to P at a half share, where it stays on D at a whole one, and the share is clamped to [0, 1]."""
+    d, ps = WorkerView("d", 0, load=2), [WorkerView("p", 0, queued_tokens=3000, load=2)]
+    kw = {"aligned_block": 544, "prefiller_queue": False}
+    apart, half, whole = (place(4718, d, ps, PRIORS, shared_device=s, **kw) for s in (0.0, 0.5, 1.0))
+    assert whole.local and half.prefiller == "p" and apart.prefiller == "p"
+    for a, h, w in zip(apart.options[1:], half.options[1:], whole.options[1:]):
+        assert h.stall_ms - a.stall_ms == pytest.approx((w.stall_ms - a.stall_ms) / 2) and w.stall_ms > a.stall_ms
+        assert h.ttft_ms - a.ttft_ms == pytest.approx((w.ttft_ms - a.ttft_ms) / 2)
+    assert place(4718, d, ps, PRIORS, shared_device=True, **kw) == whole
+    assert place(4718, d, ps, PRIORS, shared_device=3.0, **kw) == whole
+    assert place(4718, d, ps, PRIORS, shared_device=-1.0, **kw) == apart
 
 
 @PROPS

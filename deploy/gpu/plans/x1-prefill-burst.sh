@@ -27,7 +27,9 @@ done
 echo pb-all >> "$R/done.txt"
 if [ "${JUDGED:-1}" = 1 ]; then
   remote=(--proxy-variants="--pd-policy always-remote" --concurrency "${CONC:-1,8}")
-  run nemotronh hybrid-pd-1p1d j1p "${remote[@]}"
+  # with ours' own decider pricing P's stall of D's streams at half of D's own (--shared-device-stall 0.5) last
+  run nemotronh hybrid-pd-1p1d j1p --proxy-variants="--pd-policy always-remote;--shared-device-stall 0.5" \
+    --concurrency "${CONC:-1,8}"
   HYBRID_PD_KV_DIGESTS=0 run nemotronh hybrid-pd-1p1d j1p-nd "${remote[@]}"
   # upstream last (its prefiller compiles ~250 s): where the device time runs out, ours' pair has landed
   run nemotronh upstream j1p --concurrency "${CONC:-1,8}"
