@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-TRAINING = ("drop", "dropall", "recall")  # a variant's training knobs (tiny_training.train), not config fields
+TRAINING = ("drop", "dropall", "recall", "blind")  # a variant's training knobs (tiny_training.train), not config fields
 
 
 def configure(cfg, variant: str):
@@ -58,7 +58,8 @@ def build(family: str, variant: str, steps: int, folder: Path, device: str):
     started = time.monotonic()
     training = {k: float(v) for k, _, v in (i.partition("=") for i in variant.split(",")) if k in TRAINING}
     drop = training.get("dropall", training.get("drop", 0.0))  # dropall: every mixer at once; drop: each alone
-    train(model, tok, spec.seed, steps, drop, "dropall" in training, training.get("recall", 0.0))
+    train(model, tok, spec.seed, steps, drop, "dropall" in training, training.get("recall", 0.0),
+          training.get("blind", 0.0))
     trained_s = time.monotonic() - started
     model = model.to(torch.bfloat16).to(torch.float32).eval()  # the served weights' rounding, computed in fp32
     return model, tok, trained_s

@@ -165,6 +165,26 @@ def drop_mixers(model: torch.nn.Module, p: float, rng: random.Random, together: 
     )
 
 
+def blind_mixers(model: torch.nn.Module, keep: dict) -> list:
+    """Hide the tokens at some positions from every recurrent mixer (each module whose class ends in
+    `MambaMixer`): in training, each mixer's input is multiplied by `keep["mask"]` ((batch, tokens, 1), 0 where
+    hidden), so neither its convolution nor its state ever sees those tokens, and a later word that depends on
+    one (the rule's third last word) can only be read through attention, which sees the residual stream. The
+    inverse of hide_keys, meant to make a model read its attention blocks (the scrambled-attention control).
+    Returns the hooks' handles."""
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        mask = keep.get("mask")
+        if not module.training or mask is None:
+            return None
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": kwargs["hidden_states"] * mask.to(kwargs["hidden_states"].dtype)}
+        return (args[0] * mask.to(args[0].dtype), *args[1:]), kwargs
+
+    mixers = [m for m in model.modules() if type(m).__name__.endswith("MambaMixer")]
+    return [m.register_forward_pre_hook(hook, with_kwargs=True) for m in mixers]
+
+
 def train(
     model: torch.nn.Module,
     tok: PreTrainedTokenizerBase,
@@ -173,15 +193,22 @@ def train(
     mixer_drop: float = 0.0,
     drop_together: bool = False,
     recall: float = 0.0,
+    blind: float = 0.0,
 ) -> None:
     """`steps` of next-token training on `Corpus(seed)`, the first CURRICULUM on short documents; `mixer_drop` and
     `drop_together`: the recurrent mixers' stochastic depth (drop_mixers); `recall`: the share of recall documents
-    (Corpus.recalled)."""
+    (Corpus.recalled); `blind`: the share of positions (never a key word's) hidden from the mixers
+    (blind_mixers)."""
     import torch
 
     rng = random.Random(f"drop-{seed}")
     hooks = drop_mixers(model, mixer_drop, rng, drop_together) if mixer_drop > 0 else []
     assert hooks or mixer_drop <= 0, "mixer_drop asks for recurrent mixers this model does not have"
+    keep: dict = {}
+    if blind > 0:
+        hooks += blind_mixers(model, keep)
+        assert hooks, "blind asks for recurrent mixers this model does not have"
+    blinds = torch.Generator().manual_seed(seed)
     stateful = long_memory(model)
     corpus = Corpus(seed, keyed=stateful, recall=recall)
     pieces = [tok(" " + k, add_special_tokens=False)["input_ids"] for k in KEYS]
@@ -196,6 +223,9 @@ def train(
         width = min(map(len, rows))
         ids = torch.tensor([r[:width] for r in rows], device=device)
         mask = hide_keys(ids, key_ids.to(device)) if stateful else None
+        if blind > 0:
+            hidden = (torch.rand(ids.shape, generator=blinds) < blind).to(device) & ~torch.isin(ids, key_ids.to(device))
+            keep["mask"] = (~hidden).float()[..., None]
         model(input_ids=ids, labels=ids, attention_mask=mask).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -11,6 +11,7 @@ from hybrid_pd.prefill.dev.tiny_training import (
     RECALL_START,
     WORDS,
     Corpus,
+    blind_mixers,
     drop_mixers,
     hide_keys,
     keyed,
@@ -102,6 +103,45 @@ def test_drop_mixers_drops_the_mamba_mixers_in_training_only_and_comes_off():
         handle.remove()
     assert not torch.allclose(dropped, plain) and not torch.allclose(logits(True), dropped)
     for handle in together[1:]:
+        handle.remove()
+    assert torch.equal(logits(True), plain)
+
+
+def test_blind_mixers_hides_the_masked_positions_from_every_mamba_mixer_in_training_only():
+    """Jamba's tiny model, position 2 hidden: each mixer's input there is zero in training (its neighbours as
+    they were, for the first mixer, before anything hidden could reach them), the logits before it unchanged and
+    after it moved (the mixers never saw that token); the eval forward and a run without a mask unchanged."""
+    from transformers import AutoModelForCausalLM
+
+    from hybrid_pd.prefill.dev.tiny_families import FAMILIES
+    from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(FAMILIES["jamba"](TinyModelSpec(family="jamba"), 512))
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    seen: list[torch.Tensor] = []
+
+    def logits(training: bool) -> torch.Tensor:
+        seen.clear()
+        model.train(training)
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+
+    plain = logits(True)
+    keep: dict = {}
+    hooks = blind_mixers(model, keep)
+    mixers = [m for m in model.modules() if type(m).__name__.endswith("MambaMixer")]
+    capture = [m.register_forward_pre_hook(lambda m, a, k: seen.append(k.get("hidden_states", a[0] if a else None)),
+                                           with_kwargs=True) for m in mixers]
+    assert len(hooks) == len(mixers) == 2
+    assert torch.equal(logits(True), plain)  # no mask yet
+    keep["mask"] = torch.tensor([[1.0, 1, 0, 1, 1, 1]])[..., None]
+    hidden = logits(True)
+    assert len(seen) == 2 and all(float(x[0, 2].abs().max()) == 0 for x in seen)
+    assert float(seen[0][0, [0, 1, 3, 4, 5]].abs().amax(-1).min()) > 0
+    assert torch.allclose(hidden[0, :2], plain[0, :2]) and not torch.allclose(hidden[0, 2:], plain[0, 2:])
+    assert torch.equal(logits(False), plain)
+    for handle in hooks + capture:
         handle.remove()
     assert torch.equal(logits(True), plain)
 
