@@ -106,6 +106,10 @@ def at_least(n: float) -> Check:
     return lambda v: None if v >= n else f"must be >= {n}"
 
 
+def within(lo: float, hi: float) -> Check:
+    return lambda v: None if lo <= v <= hi else f"must be in [{lo:g}, {hi:g}]"
+
+
 def above(n: float) -> Check:
     return lambda v: None if v > n else f"must be > {n}"
 

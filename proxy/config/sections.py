@@ -12,7 +12,7 @@ from typing import Literal
 
 from hybrid_pd.connector.contract import DEFAULT_NONE_HASH_SEED
 
-from .declare import above, at_least, boolean, one_of, setting
+from .declare import above, at_least, boolean, one_of, setting, within
 
 HashAlgo = Literal["sha256", "sha256_cbor"]
 
@@ -167,7 +167,7 @@ class DisaggConfig:
         "for (1: all of it, as for the decoder's own; on one H100 they saw about half the long gaps beside another "
         "engine's prefills that they saw beside their own engine's)",
         parse=float,
-        check=lambda v: None if 0 <= v <= 1 else "must be within [0, 1]",
+        check=within(0, 1),
     )
     next_turn: bool = setting(
         True,
@@ -229,7 +229,7 @@ class DisaggConfig:
         "share of the prompt (0: not set). Measured: a decoder holding 0.71 of a turn computed its tail in 117 ms "
         "where the prefiller took 146 ms (H100, 2026-11-24 run); policy ours decides in time instead",
         parse=float,
-        check=lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
+        check=within(0, 1),
     )
     min_uncached_blocks: float = setting(
         1.0,
@@ -266,7 +266,7 @@ class DisaggConfig:
         "isl_ratio",
         "policy isl-bounding: ... and under this share of the prompt (Dynamo's eff_isl_ratio_threshold)",
         parse=float,
-        check=lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
+        check=within(0, 1),
     )
     non_cached_tokens: int = setting(
         128,
