@@ -8,12 +8,17 @@
 # ours, ours with the digests off), one after the other on the same GPU, each with --profile (the last round under
 # vLLM's torch profiler: GPU kernel time against the step's wall time). Results under pb, a line per set-up in
 # done.txt, "pb-all" at the end. Then, with JUDGED=1 (default), agentic 8k at c = CONC (default 1,8): upstream PD,
-# ours with every turn through P, and the same with the digests off on both engines (HYBRID_PD_KV_DIGESTS=0,
+# ours with every turn through P, then ours' own decider pricing P's stall of D's streams at half
+# (--shared-device-stall 0.5), and every turn through P with the digests off on both engines (HYBRID_PD_KV_DIGESTS=0,
 # results under j1p-nd): whether the remote path's c=8 TTFT (ours 462 ms p50 against upstream's 209) and the PD
 # tax at c=1 (every turn through P) move. Results under j1p, "j1p-all", then "x1-all". Since written: D checks
 # landed blocks on a CUDA stream of its own and its landing poll waits up to HYBRID_PD_DIGEST_WAIT_MS (3 ms) for
 # them, so a checked load is reported in the step its READ landed (queued behind the forward pass: a step later).
-# ~1,400 s of device time after the wheelhouse is in: send the first chunk's call alone, then the rest at once.
+# What to read first in pb/: in that run ours' answers of a cold burst trailed upstream's by a near-constant 76-129 ms
+# from the first answer on (178/276/366/457/516 against 102/173/254/329/407 ms): a step's worth at the start, then
+# steps 10-20% longer; whether the digests off or queued remove it, and where the profiled round puts it.
+# ~1,600 s of device time after the wheelhouse is in (the probes alone, P_SETUPS="hybrid upstream" JUDGED=0: ~450 s,
+# install and model included): send the first chunk's call alone, then the rest at once.
 set -u
 export KIND=nemotronh
 . deploy/gpu/plans/common.sh
