@@ -154,18 +154,12 @@ class DisaggConfig:
         check=at_least(0),
     )
     shared_device: bool = setting(
-        False,
-        "shared_device",
-        "policy ours: the prefillers and the decoders compute on one device (a GPU they share), so a prefill on a "
-        "prefiller stalls the decoder's running streams as one on the decoder would",
-        parse=boolean,
+        False, "shared_device", "policy ours: P and D on one GPU, a prefill on P stalls D's streams too", parse=boolean
     )
     shared_device_stall: float = setting(
         1.0,
         "shared_device_stall",
-        "policy ours, with --shared-device: the share of a prefiller's prefill the decoder's running streams wait "
-        "for (1: all of it, as for the decoder's own; on one H100 they saw about half the long gaps beside another "
-        "engine's prefills that they saw beside their own engine's)",
+        "with --shared-device: the share of P's prefill D's streams wait for (1: all)",
         parse=float,
         check=within(0, 1),
     )

@@ -38,16 +38,11 @@ picks the option with the least TTFT among those that keep D's streams within th
                      proxy did not send; D's (wait_D): its queued prompt tokens, which ride in its own steps, and
                      which a pulled turn's first step on D waits for where they outlast P's part
 
-On a shared device (`shared_device`: P and D compute on one GPU, as on our one-GPU runs) P's prefill takes the
-GPU from D's streams as D's own would: a remote option then stalls each of them for P's prefill (before f: P's
-compute, not its queue, which this choice does not change) plus the tail, and its longest gap holds P's costliest
-step, and D's streams decode between P's steps as they do between D's own (P's TTFT grows as D alone's does).
-Measured: 2026-11-26-h100-qwen3next-judged-vllm033 at c=8, where the model without it sent 29 of 40 turns
-to P, each computing more than D alone would have, and lost to the colocated engine (352 vs 278 ms TTFT p50).
-How much of P's prefill D's streams wait for is the share s (`shared_device` in [0, 1], the proxy's
---shared-device-stall, 1 unless given): each of the terms above times s. On one H100 (Nemotron-H, c=8,
-2026-12-06-h100-nemotronh-judged-vllm033) D's streams beside upstream's P saw about half the long gaps they saw
-beside the colocated engine's own prefills (inter-token gap p99 31.7 against 64.1 ms, 3 against 17 over 50 ms).
+On a shared device (P and D on one GPU, as on our one-GPU runs) P's prefill takes the GPU from D's streams: a
+remote option stalls each of them for s times P's prefill (its compute, not its queue) plus the tail, its longest
+gap holds s times P's costliest step, and D's steps slow P's (s = `shared_device` in [0, 1], --shared-device-stall).
+Measured: 2026-11-26-h100-qwen3next-judged-vllm033 at c=8, where the model without it sent 29 of 40 turns to P,
+each computing more than D alone, and lost to the colocated engine (352 vs 278 ms TTFT p50).
 
 The next turn (`next_remote`, q): D alone leaves the warmest prefiller where it was, and the conversation's next
 turn, where it goes to a prefiller, computes there what this one computed on D. D alone's objective carries that,
@@ -262,10 +257,8 @@ def place(
     stop: str = "",
 ) -> Placement:
     """The option for a `prompt_tokens` prompt whose decoder is `decoder` (see the module's docstring). Only
-    prefillers that can serve are options; with none, D alone. Hits are clamped to [0, N - 1]. `stop` (BOUNDARY or
-    LAST) leaves the remote options only that stop on P, where the prompt has a boundary below its end ("": both).
-    `shared_device`: the share of a prefiller's prefill D's streams wait for (0: apart; 1, or True: as for D's own;
-    clamped to [0, 1])."""
+    prefillers that can serve are options; with none, D alone. Hits and `shared_device` (True: 1) are clamped to
+    [0, N - 1] and [0, 1]. `stop` (BOUNDARY or LAST) leaves only the remote options that stop so ("": both)."""
     if not decoder.can_serve:
         raise ValueError(f"decoder {decoder.name} cannot serve: pick another before placing")
     n = max(int(prompt_tokens), 1)
