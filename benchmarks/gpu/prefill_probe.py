@@ -5,7 +5,9 @@
 Each set-up is one prefill engine started by our launcher with the GPU benchmark's flags (setups.Gpus:
 same memory share, CUDA graphs, warm-up), differing only in its connector: none (no PD), upstream (vLLM's
 NixlConnector) and ours, with and without shipping checkpoints (HYBRID_PD_SHIP_CHECKPOINTS=0) or the KV integrity
-digests (hybrid-nodigest: HYBRID_PD_KV_DIGESTS=0). Every set-up gets the same requests in the same order, the
+digests (hybrid-nodigest: HYBRID_PD_KV_DIGESTS=0), or our engine given plain requests only (hybrid-plain: the
+same engine and flags with the connector idle, so that what a burst of P legs costs beyond the engine's flags shows
+apart). Every set-up gets the same requests in the same order, the
 P leg of a PD turn (max_tokens=1, stream off, `do_remote_decode` where a connector runs; the same body without it
 as a "plain" request on our engine and on none):
 - cold prompts at 4,858 and 4,857 tokens (upstream's P computes all N prompt tokens, ours N-1), 2,048 and 8,192,
@@ -147,7 +149,8 @@ def bursts(url: str, n: int, seed: int, p_leg: bool, first: tuple[int, int] = (4
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setup", required=True,
-                    choices=["none", "upstream", "hybrid", "hybrid-noship", "hybrid-full", "hybrid-nodigest"])
+                    choices=["none", "upstream", "hybrid", "hybrid-noship", "hybrid-full", "hybrid-nodigest",
+                             "hybrid-plain"])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=7)
     Gpus.add_flags(ap)
@@ -176,6 +179,7 @@ def main() -> int:
         machine = dataclasses.replace(machine, vllm_extra=("--profiler-config", json.dumps(conf)))
     engines = Workers(machine, logs)
     connector = {"none": "none", "upstream": "upstream"}.get(args.setup, "hybrid")
+    legs = connector != "none" and args.role == "prefill" and args.setup != "hybrid-plain"  # P legs, or plain
     result: dict = {"setup": args.setup, "args": {k: str(v) for k, v in vars(args).items()}, "rows": [],
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     part = args.out / f"prefill-{name}.json"
@@ -183,7 +187,7 @@ def main() -> int:
         p = engines.ready(engines.start(args.role, args.role, connector))
         result["start_s"] = engines.start_s
         for label, ids, p_leg in prompts(args.seed):
-            body = leg_body(ids, p_leg and connector != "none" and args.role == "prefill")
+            body = leg_body(ids, p_leg and legs)
             before = {"p": scrape(p.url)}
             t0 = time.monotonic()
             resp = post_json(p.url + "/v1/completions", body)
@@ -197,7 +201,7 @@ def main() -> int:
             result["rows"].append(row)
             log(json.dumps(row))
             part.write_text(json.dumps(result, indent=1))
-        for row in bursts(p.url, args.burst, args.seed, connector != "none" and args.role == "prefill"):
+        for row in bursts(p.url, args.burst, args.seed, legs):
             result["rows"].append(row)
             log(json.dumps(row))
             part.write_text(json.dumps(result, indent=1))
@@ -207,14 +211,14 @@ def main() -> int:
             base = [rng.randrange(10, 1000) for _ in range(4352)]
             for ids in ([rng.randrange(10, 1000) for _ in range(4858)], [rng.randrange(10, 1000) for _ in range(8192)],
                         base, base + [rng.randrange(10, 1000) for _ in range(2396)]):  # the last extends the third
-                post_json(p.url + "/v1/completions", leg_body(ids, connector != "none"))
+                post_json(p.url + "/v1/completions", leg_body(ids, legs))
             post_raw(p.url + "/stop_profile")
             time.sleep(5)
             (args.out / f"profile-{name}.json").write_text(json.dumps(summarize_traces(prof_dir), indent=1))
             if args.burst:  # then one round of bursts under the profiler, in a trace of its own
                 seen = frozenset(prof_dir.rglob("*.json*"))
                 post_raw(p.url + "/start_profile")
-                rows = bursts(p.url, args.burst, args.seed + 10, connector != "none" and args.role == "prefill",
+                rows = bursts(p.url, args.burst, args.seed + 10, legs,
                               rounds=1)
                 post_raw(p.url + "/stop_profile")
                 time.sleep(5)

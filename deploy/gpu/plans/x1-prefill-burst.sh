@@ -5,7 +5,8 @@
 # 56 and upstream's 55-58), and whether the KV integrity digests are the cause (P digests every block of a completed
 # prompt after its step's forward, D every block a READ landed, each with a stream sync). The Nemotron-H shape
 # (built first), then benchmarks/gpu/prefill_probe.py --burst P_BURST (default 8) for P_SETUPS (default upstream,
-# ours, ours with the digests off), one after the other on the same GPU, each with --profile (the last round under
+# ours, ours with the digests off, ours given plain requests: hybrid-plain, the same engine and flags with the
+# connector idle), one after the other on the same GPU, each with --profile (the last round under
 # vLLM's torch profiler: GPU kernel time against the step's wall time). Results under pb, a line per set-up in
 # done.txt, "pb-all" at the end. Then, with JUDGED=1 (default), agentic 8k at c = CONC (default 1,8): upstream PD,
 # ours with every turn through P, then ours' own decider pricing P's stall of D's streams at half
@@ -26,7 +27,7 @@ export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PAT
 bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1
 echo "model nemotronh rc=$?" >> "$R/done.txt"
 mkdir -p /tmp/probe-0
-for setup in ${P_SETUPS:-upstream hybrid hybrid-nodigest}; do
+for setup in ${P_SETUPS:-upstream hybrid hybrid-nodigest hybrid-plain}; do
   probe pb "$setup" 0 --burst "${P_BURST:-8}" --profile
 done
 echo pb-all >> "$R/done.txt"
