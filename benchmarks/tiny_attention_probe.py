@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variant", action="append", default=None, help="config overrides name=value,... or base")
     ap.add_argument("--steps", type=int, default=350)
     ap.add_argument("--scramble-scale", type=float, action="append", default=[], help="another scramble's noise scale")
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per tail (the controls test one each)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/tiny-attention-probe"))
     args = ap.parse_args(argv)
     import torch
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
                 "steps": args.steps,
                 "device": device,
                 "trained_s": round(trained_s),
-                **probe(model, tok, block, scales=tuple(args.scramble_scale)),
+                **probe(model, tok, block, args.prompts, scales=tuple(args.scramble_scale)),
             }
             print(json.dumps(row), flush=True)
             with open(args.out / "results.jsonl", "a") as f:
