@@ -2,7 +2,8 @@
 control of tests/support/controls.py replayed on the model itself, to choose a training before a GPU run checks it.
 
 Per family and variant (config overrides, e.g. `mamba_d_conv=2`; `drop=P`, the training's mixer drop, each mixer
-on its own, or `dropall=P`, all at once; default none, as the builds): build the tiny model as
+on its own, or `dropall=P`, all at once; `blind=P`, that share of positions hidden from the mixers, in the steps
+from `blind_from` to `blind_until` where given; default none, as the builds): build the tiny model as
 prefill/dev/tiny_model.py does (same tokenizer, config, seed and training, on this machine's device), round it to
 bf16 as it is served, then for prompts of the controls' shape (random words, a key word among the first 100) compute
 the prefix to a boundary with a cache, spoil the cache, compute the tail (2 tokens: short; 150: long) and 8 greedy
@@ -25,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-TRAINING = ("drop", "dropall", "recall", "blind")  # a variant's training knobs (tiny_training.train), not config fields
+# a variant's training knobs (tiny_training.train), not config fields
+TRAINING = ("drop", "dropall", "recall", "blind", "blind_from", "blind_until")
 
 
 def configure(cfg, variant: str):
@@ -58,8 +60,9 @@ def build(family: str, variant: str, steps: int, folder: Path, device: str):
     started = time.monotonic()
     training = {k: float(v) for k, _, v in (i.partition("=") for i in variant.split(",")) if k in TRAINING}
     drop = training.get("dropall", training.get("drop", 0.0))  # dropall: every mixer at once; drop: each alone
+    window = (int(training.get("blind_from", 0)), int(training.get("blind_until", steps)))  # blind in these steps
     train(model, tok, spec.seed, steps, drop, "dropall" in training, training.get("recall", 0.0),
-          training.get("blind", 0.0))
+          training.get("blind", 0.0), window)
     trained_s = time.monotonic() - started
     model = model.to(torch.bfloat16).to(torch.float32).eval()  # the served weights' rounding, computed in fp32
     return model, tok, trained_s

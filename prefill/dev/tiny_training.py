@@ -196,11 +196,13 @@ def train(
     drop_together: bool = False,
     recall: float = 0.0,
     blind: float = 0.0,
+    blind_steps: tuple[int, int] | None = None,
 ) -> None:
     """`steps` of next-token training on `Corpus(seed)`, the first CURRICULUM on short documents; `mixer_drop` and
     `drop_together`: the recurrent mixers' stochastic depth (drop_mixers); `recall`: the share of recall documents
     (Corpus.recalled); `blind`: the share of positions (never a key word's) hidden from the mixers
-    (blind_mixers)."""
+    (blind_mixers), in the steps [first, last) of `blind_steps` only where given (e.g. blind first, then the
+    state's weight back: on an H100 1,400 blind steps read attention on every prompt, and weighed the state less)."""
     import torch
 
     rng = random.Random(f"drop-{seed}")
@@ -227,7 +229,8 @@ def train(
         mask = hide_keys(ids, key_ids.to(device)) if stateful else None
         if blind > 0:
             hidden = (torch.rand(ids.shape, generator=blinds) < blind).to(device) & ~torch.isin(ids, key_ids.to(device))
-            keep["mask"] = (~hidden).float()[..., None]
+            window = blind_steps is None or blind_steps[0] <= step < blind_steps[1]
+            keep["mask"] = (~hidden).float()[..., None] if window else None
         model(input_ids=ids, labels=ids, attention_mask=mask).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

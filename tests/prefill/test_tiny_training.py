@@ -164,3 +164,31 @@ def test_a_recall_document_copies_what_followed_an_earlier_occurrence():
     assert copies(Corpus(seed=0, recall=1.0)) > 0.55
     assert len(Corpus(seed=0, recall=1.0).document(400).split()) == 400
     assert copies(Corpus(seed=0)) < 0.15  # the rule's documents: a copy only by chance
+
+
+def test_blind_steps_hide_positions_in_their_window_only(tiny_model):
+    """train(blind=, blind_steps=): outside the window the mixers see every position (an empty window trains the
+    weights blind=0 trains), inside it they do not (a window over every step trains what no window does, and
+    other weights than an empty one). The tiny Zamba2, two steps."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hybrid_pd.prefill.dev.tiny_families import FAMILIES
+    from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec
+    from hybrid_pd.prefill.dev.tiny_training import train
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+
+    def trained(blind: float, window: tuple[int, int] | None) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(FAMILIES["zamba2"](TinyModelSpec(family="zamba2"), len(tok)))
+        train(model, tok, 0, 2, blind=blind, blind_steps=window)
+        return [p.detach().clone() for p in model.parameters()]
+
+    def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+        return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+    plain, empty = trained(0.0, None), trained(0.5, (0, 0))
+    everywhere, whole = trained(0.5, None), trained(0.5, (0, 2))
+    assert same(plain, empty)
+    assert same(everywhere, whole)
+    assert not same(empty, whole)
