@@ -19,12 +19,13 @@ would be twice as fast but blind to two top-bit flips (each moves its product by
 2**32), e.g. the sign bits of two fp32 values. Not cryptographic: it guards against accidents (races, stale
 or misplaced blocks), not against an adversary who can write P's memory. Cost: benchmarks/kv_digest_bench.py.
 
-On a GPU one Triton kernel per layer tensor reads each block's words once and sums their products in place
-(_layer_sums_triton); torch's path (the CPU's, and any layer whose blocks are not whole words) gathers the blocks,
-widens and multiplies them in temporaries: 6-11 us/MB on attention pages, 16-32 on Mamba states on an H100
-(benchmarks/results/2026-11-26-h100-kv-digest, 2026-12-06-h100-nemotronh-judged-vllm033), a cost that P's step
-pays before it samples. Both compute the same digests (tests/connector/test_kv_digest.py runs the kernel in
-Triton's interpreter).
+On a GPU one Triton kernel launch reads each block's words of every layer tensor of a call once and sums their
+products in place (_layer_sums_triton); torch's path (the CPU's, and any layer whose blocks are not whole words)
+gathers the blocks, widens and multiplies them in temporaries: 6-11 us/MB on attention pages, 16-32 on Mamba
+states on an H100 (benchmarks/results/2026-11-26-h100-kv-digest, 2026-12-06-h100-nemotronh-judged-vllm033),
+where a launch per layer took 2.3-27 us/MB (2026-12-07-h100-nemotronh-prefill-burst-vllm033: queued behind P's
+step, they added ~1.1 ms to a P leg's answer). Both compute the same digests (tests/connector/test_kv_digest.py
+runs the kernel in Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -177,10 +178,12 @@ def _layer_sums_batched(tensors: Sequence[torch.Tensor], ids: torch.Tensor) -> l
     return [out[j] for j in range(len(tensors))]
 
 
-# The Triton kernel: one program per (block, WORDS words of it); _TRITON_OK goes False where it fails (torch then)
+# The Triton kernel: one launch for every layer of a call, one program per (block, layer, WORDS words of it);
+# _TRITON_OK goes False where it fails (torch then)
 WORDS = 2048
 _TRITON_OK = True
 _kernels: dict[str | None, Any] = {}
+_tables: dict[tuple, tuple[torch.Tensor, ...]] = {}  # the layers' addresses, strides and sizes, on their device
 
 
 def triton_kernel() -> Any:
@@ -192,23 +195,52 @@ def triton_kernel() -> Any:
 
         @triton.jit
         def digest_words(  # type: ignore[no-untyped-def]
-            x_ptr, ids_ptr, m_ptr, out_ptr, block_words, n_words, WORDS: tl.constexpr
+            ptrs, strides, sizes, ids_ptr, m_ptr, out_ptr, k, WORDS: tl.constexpr
         ):
-            block = tl.load(ids_ptr + tl.program_id(0))
-            offs = tl.program_id(1) * WORDS + tl.arange(0, WORDS)
-            inside = offs < n_words
-            words = x_ptr.to(tl.pointer_type(tl.int32))  # the block's bytes as 32-bit words, in memory order
-            w = tl.load(words + block * block_words + offs, mask=inside, other=0).to(tl.int64)
-            m = tl.load(m_ptr + offs, mask=inside, other=0)
-            tl.atomic_add(out_ptr + tl.program_id(0), tl.sum(w * m, axis=0))  # int64: wraps mod 2**64, any order
+            layer, chunk = tl.program_id(1), tl.program_id(2)
+            n_words = tl.load(sizes + layer)
+            if chunk * WORDS < n_words:  # a layer of fewer words than the largest: its last programs do nothing
+                block = tl.load(ids_ptr + tl.program_id(0))
+                offs = chunk * WORDS + tl.arange(0, WORDS)
+                inside = offs < n_words
+                words = tl.load(ptrs + layer).to(tl.pointer_type(tl.int32))  # the layer's bytes as 32-bit words
+                start = words + block * tl.load(strides + layer)
+                w = tl.load(start + offs, mask=inside, other=0).to(tl.int64)
+                m = tl.load(m_ptr + offs, mask=inside, other=0)
+                # int64: wraps mod 2**64, in any order
+                tl.atomic_add(out_ptr + layer * k + tl.program_id(0), tl.sum(w * m, axis=0))
 
         _kernels[mode] = digest_words
     return _kernels[mode]
 
 
+def _layer_table(tensors: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(addresses, block strides in words, block sizes in words) of `tensors` on `device`, built once per set of
+    layers (the KV caches live as long as the engine): no copy up, and no stream sync, per call."""
+    rows = [
+        (t.data_ptr(), t.stride(0) * t.element_size() // 4, _block_elements(t) * t.element_size() // 4) for t in tensors
+    ]
+    key = (str(device), *rows)
+    table = _tables.get(key)
+    if table is None:
+        if len(_tables) >= 64:  # tensors come and go (tests): a handful of layer sets per engine
+            _tables.clear()
+        host = torch.tensor(list(zip(*rows)), dtype=torch.int64)
+        if device.type == "cuda":  # once, at the kernel's warm-up; then read in stream order
+            host = host.pin_memory()
+            table = (*host.to(device, non_blocking=True), host)
+            torch.cuda.synchronize(device)
+        else:
+            table = (*host, host)
+        _tables[key] = table
+    return table
+
+
 def _layer_sums_triton(tensors: Sequence[torch.Tensor], ids: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Per layer whose blocks are whole aligned words, the (k,) sums torch's paths compute, by one kernel launch
-    each; {} (and torch from then on, with a warning) where Triton fails."""
+    """Per layer whose blocks are whole aligned words, the (k,) sums torch's paths compute, every such layer in
+    one kernel launch (where each layer had its own, a call on the Nemotron-H shape's state, 9 layers of 2.1 MB
+    blocks, took 0.4 ms on an H100 against its bytes' 0.12 ms copy); {} (and torch from then on, with a
+    warning) where Triton fails."""
     global _TRITON_OK
     words_ok = [
         j
@@ -224,19 +256,16 @@ def _layer_sums_triton(tensors: Sequence[torch.Tensor], ids: torch.Tensor) -> di
 
         kernel = triton_kernel()
         k = ids.shape[0]
-        out = torch.zeros((len(tensors), k), dtype=torch.int64, device=ids.device)
-        for j in words_ok:
-            t = tensors[j]
-            n = _block_elements(t) * t.element_size() // 4
-            grid = (k, triton.cdiv(n, WORDS))
-            kernel[grid](
-                t, ids, multipliers(n, ids.device), out[j], t.stride(0) * t.element_size() // 4, n, WORDS=WORDS
-            )
+        ptrs, strides, sizes, host = _layer_table([tensors[j] for j in words_ok], ids.device)
+        most = int(host[2].max())
+        out = torch.zeros((len(words_ok), k), dtype=torch.int64, device=ids.device)
+        grid = (k, len(words_ok), triton.cdiv(most, WORDS))
+        kernel[grid](ptrs, strides, sizes, ids, multipliers(most, ids.device), out, k, WORDS=WORDS)
     except Exception as e:  # noqa: BLE001  never without digests: torch's path computes the same
         _TRITON_OK = False
         log.warning("KV digests: the Triton kernel failed (%s); torch computes them from now on", e)
         return {}
-    return {j: out[j] for j in words_ok}
+    return {j: out[i] for i, j in enumerate(words_ok)}
 
 
 def flip_first_word(tensors: Sequence[torch.Tensor], block_id: int) -> None:

@@ -146,10 +146,10 @@ assert torch.equal(moved, torch_sums(group)[5]) and (moved != expected[5]).tolis
 
 
 def test_the_triton_kernel_sums_what_torch_sums_on_every_layout_of_whole_words():
-    """On a GPU one Triton kernel per layer tensor sums its blocks' words (kv_digest._layer_sums_triton), in
-    memory order as torch's paths read them; here Triton's interpreter runs it on the CPU (in a process of its
-    own: the interpreter is chosen before triton is imported). Layers whose blocks are not whole words are left
-    to torch."""
+    """On a GPU one Triton kernel launch sums the blocks' words of every layer tensor
+    (kv_digest._layer_sums_triton), in memory order as torch's paths read them; here Triton's interpreter runs it
+    on the CPU (in a process of its own: the interpreter is chosen before triton is imported). Layers whose blocks
+    are not whole words are left to torch."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", TRITON_CHECK], env=env, capture_output=True, text=True,
                           timeout=300, cwd=Path(__file__).parents[2])
