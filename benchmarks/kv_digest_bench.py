@@ -1,6 +1,7 @@
 """KV integrity digest cost on this machine's CPU or GPU: microseconds per MB for block layouts of the tiny test
 model and of Qwen3-Next-sized pages, per layer (the CPU's path), batched, and on a GPU the Triton kernel (what the
-connector runs there; torch's two paths timed with it off), next to a plain gather of the same bytes (index_select).
+connector runs there, every layer of a call in one launch; also launched once per layer, as before; torch's two
+paths timed with it off), next to a plain gather of the same bytes (index_select).
 
     bash deploy/dev.sh run python -m benchmarks.kv_digest_bench [--reps 20] [--out DIR]
     python3 -m benchmarks.kv_digest_bench --device cuda    # on a GPU machine (torch alone; the connector runs it
@@ -92,11 +93,13 @@ def main() -> None:
         digest = timed(lambda: digest_blocks(tensors, ids, batched=False), args.reps, sync)  # noqa: B023
         batched = timed(lambda: digest_blocks(tensors, ids, batched=True), args.reps, sync)  # noqa: B023
         kv_digest._TRITON_OK = True
-        triton = [float("nan")]
+        triton = apart = [float("nan")]
         if args.device.startswith("cuda"):
             if digest_blocks(tensors, ids) != on_cpu or not kv_digest._TRITON_OK:
                 raise SystemExit(f"{name}: the Triton kernel's digests differ from the CPU's, or it failed")
             triton = timed(lambda: digest_blocks(tensors, ids), args.reps, sync)  # noqa: B023
+            # one launch per layer, as before the kernel took every layer of a call in one
+            apart = timed(lambda: [digest_blocks([t], ids) for t in tensors], args.reps, sync)  # noqa: B023
         copy = timed(lambda: [t.index_select(0, index) for t in tensors], args.reps, sync)  # noqa: B023
         rows.append({
             "case": name, "bytes": size,
@@ -108,6 +111,7 @@ def main() -> None:
             "batched_ms_median": statistics.median(batched) * 1e3,
             "triton_us_per_mb_best": min(triton) * 1e6 / (size / MB),
             "triton_ms_median": statistics.median(triton) * 1e3,
+            "triton_per_layer_ms_median": statistics.median(apart) * 1e3,
         })
     meta = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "reps": args.reps, "device": args.device}
@@ -115,12 +119,13 @@ def main() -> None:
         meta["gpu"] = torch.cuda.get_device_name()
     print(json.dumps(meta))
     print(f"{'case':58} {'MB':>6} {'digest us/MB best':>18} {'median':>8} {'copy us/MB':>11} {'ms/call':>8} "
-          f"{'batched us/MB':>14} {'ms/call':>8} {'triton us/MB':>13} {'ms/call':>8}")
+          f"{'batched us/MB':>14} {'ms/call':>8} {'triton us/MB':>13} {'ms/call':>8} {'a launch per layer, ms':>22}")
     for r in rows:
         print(f"{r['case']:58} {r['bytes'] / MB:6.2f} {r['digest_us_per_mb_best']:18.0f} "
               f"{r['digest_us_per_mb_median']:8.0f} {r['copy_us_per_mb_best']:11.0f} {r['digest_ms_median']:8.2f} "
               f"{r['batched_us_per_mb_best']:14.0f} {r['batched_ms_median']:8.2f} "
-              f"{r['triton_us_per_mb_best']:13.1f} {r['triton_ms_median']:8.2f}")
+              f"{r['triton_us_per_mb_best']:13.1f} {r['triton_ms_median']:8.2f} "
+              f"{r['triton_per_layer_ms_median']:22.2f}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
