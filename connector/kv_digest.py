@@ -183,7 +183,7 @@ def _layer_sums_batched(tensors: Sequence[torch.Tensor], ids: torch.Tensor) -> l
 WORDS = 2048
 _TRITON_OK = True
 _kernels: dict[str | None, Any] = {}
-_tables: dict[tuple, tuple[torch.Tensor, ...]] = {}  # the layers' addresses, strides and sizes, on their device
+_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = {}  # per set of layers, _layer_table
 
 
 def triton_kernel() -> Any:
@@ -214,9 +214,12 @@ def triton_kernel() -> Any:
     return _kernels[mode]
 
 
-def _layer_table(tensors: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(addresses, block strides in words, block sizes in words) of `tensors` on `device`, built once per set of
-    layers (the KV caches live as long as the engine): no copy up, and no stream sync, per call."""
+def _layer_table(
+    tensors: Sequence[torch.Tensor], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(addresses, block strides in words, block sizes in words) of `tensors` on `device`, and the largest size,
+    built once per set of layers (the KV caches live as long as the engine): no copy up, and no stream sync, per
+    call."""
     rows = [
         (t.data_ptr(), t.stride(0) * t.element_size() // 4, _block_elements(t) * t.element_size() // 4) for t in tensors
     ]
@@ -226,13 +229,8 @@ def _layer_table(tensors: Sequence[torch.Tensor], device: torch.device) -> tuple
         if len(_tables) >= 64:  # tensors come and go (tests): a handful of layer sets per engine
             _tables.clear()
         host = torch.tensor(list(zip(*rows)), dtype=torch.int64)
-        if device.type == "cuda":  # once, at the kernel's warm-up; then read in stream order
-            host = host.pin_memory()
-            table = (*host.to(device, non_blocking=True), host)
-            torch.cuda.synchronize(device)
-        else:
-            table = (*host, host)
-        _tables[key] = table
+        on_device = host.to(device)  # once, at the kernel's warm-up (a pageable copy: it syncs the stream)
+        table = _tables[key] = (on_device[0], on_device[1], on_device[2], max(r[2] for r in rows))
     return table
 
 
@@ -256,8 +254,7 @@ def _layer_sums_triton(tensors: Sequence[torch.Tensor], ids: torch.Tensor) -> di
 
         kernel = triton_kernel()
         k = ids.shape[0]
-        ptrs, strides, sizes, host = _layer_table([tensors[j] for j in words_ok], ids.device)
-        most = int(host[2].max())
+        ptrs, strides, sizes, most = _layer_table([tensors[j] for j in words_ok], ids.device)
         out = torch.zeros((len(words_ok), k), dtype=torch.int64, device=ids.device)
         grid = (k, len(words_ok), triton.cdiv(most, WORDS))
         kernel[grid](ptrs, strides, sizes, ids, multipliers(most, ids.device), out, k, WORDS=WORDS)

@@ -227,10 +227,10 @@ def train(
         width = min(map(len, rows))
         ids = torch.tensor([r[:width] for r in rows], device=device)
         mask = hide_keys(ids, key_ids.to(device)) if stateful else None
-        if blind > 0:
+        keep["mask"] = None
+        if blind > 0 and (blind_steps is None or blind_steps[0] <= step < blind_steps[1]):
             hidden = (torch.rand(ids.shape, generator=blinds) < blind).to(device) & ~torch.isin(ids, key_ids.to(device))
-            window = blind_steps is None or blind_steps[0] <= step < blind_steps[1]
-            keep["mask"] = (~hidden).float()[..., None] if window else None
+            keep["mask"] = (~hidden).float()[..., None]
         model(input_ids=ids, labels=ids, attention_mask=mask).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
