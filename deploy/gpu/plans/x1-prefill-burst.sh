@@ -11,8 +11,8 @@
 # done.txt, "pb-all" at the end. Then, with JUDGED=1 (default), agentic 8k at c = CONC (default 1,8): upstream PD,
 # ours with every turn through P, then ours' own decider pricing P's stall of D's streams at half
 # (--shared-device-stall 0.5), and every turn through P with the digests off on both engines (HYBRID_PD_KV_DIGESTS=0,
-# results under j1p-nd): whether the remote path's c=8 TTFT (ours 462 ms p50 against upstream's 209) and the PD
-# tax at c=1 (every turn through P) move. Results under j1p, "j1p-all", then "x1-all". Since written: D checks
+# results under j1p-nd; NODIGEST=0 leaves it out): whether the remote path's c=8 TTFT (ours 462 ms p50 against
+# upstream's 209) and the PD tax at c=1 (every turn through P) move. Results under j1p, "j1p-all", then "x1-all". Since written: D checks
 # landed blocks on a CUDA stream of its own and its landing poll waits up to HYBRID_PD_DIGEST_WAIT_MS (3 ms) for
 # them, so a checked load is reported in the step its READ landed (queued behind the forward pass: a step later).
 # What to read first in pb/: in that run ours' answers of a cold burst trailed upstream's by a near-constant 76-129 ms
@@ -36,7 +36,7 @@ if [ "${JUDGED:-1}" = 1 ]; then
   # with ours' own decider pricing P's stall of D's streams at half of D's own (--shared-device-stall 0.5) last
   run nemotronh hybrid-pd-1p1d j1p --proxy-variants="--pd-policy always-remote;--shared-device-stall 0.5" \
     --concurrency "${CONC:-1,8}"
-  HYBRID_PD_KV_DIGESTS=0 run nemotronh hybrid-pd-1p1d j1p-nd "${remote[@]}"
+  if [ "${NODIGEST:-1}" = 1 ]; then HYBRID_PD_KV_DIGESTS=0 run nemotronh hybrid-pd-1p1d j1p-nd "${remote[@]}"; fi
   # upstream last (its prefiller compiles ~250 s): where the device time runs out, ours' pair has landed
   run nemotronh upstream j1p --concurrency "${CONC:-1,8}"
   echo j1p-all >> "$R/done.txt"
