@@ -13,8 +13,8 @@
 # (--shared-device-stall 0.5), and every turn through P with the digests off on both engines (HYBRID_PD_KV_DIGESTS=0,
 # results under j1p-nd; NODIGEST=0 leaves it out): whether the remote path's c=8 TTFT (ours 462 ms p50 against
 # upstream's 209) and the PD tax at c=1 (every turn through P) move. Results under j1p, "j1p-all", then "x1-all".
-# Since written: D checks landed blocks on a CUDA stream of its own and its landing poll waits up to HYBRID_PD_DIGEST_WAIT_MS (3 ms) for
-# them, so a checked load is reported in the step its READ landed (queued behind the forward pass: a step later).
+# Since written: D checks landed blocks on a CUDA stream of its own and its landing poll waits up to
+# HYBRID_PD_DIGEST_WAIT_MS (3 ms) for them, so a checked load is reported in the step its READ landed (queued behind the forward pass: a step later).
 # What to read first in pb/: in that run ours' answers of a cold burst trailed upstream's by a near-constant 76-129 ms
 # from the first answer on (178/276/366/457/516 against 102/173/254/329/407 ms): a step's worth at the start, then
 # steps 10-20% longer; whether the digests off or queued remove it, and where the profiled round puts it.
