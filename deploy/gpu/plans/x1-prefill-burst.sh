@@ -38,6 +38,8 @@ if [ "${JUDGED:-1}" = 1 ]; then
   if [ "${NODIGEST:-1}" = 1 ]; then HYBRID_PD_KV_DIGESTS=0 run nemotronh hybrid-pd-1p1d j1p-nd "${remote[@]}"; fi
   # upstream last (its prefiller compiles ~250 s): where the device time runs out, ours' pair has landed
   run nemotronh upstream j1p --concurrency "${CONC:-1,8}"
+  # COLOCATED=1: the one engine too (the floor of ttft_p50_vs_colocated_c1), after the peers
+  if [ "${COLOCATED:-0}" = 1 ]; then run nemotronh colocated j1p --concurrency "${CONC:-1,8}"; fi
   echo j1p-all >> "$R/done.txt"
 fi
 echo x1-all >> "$R/done.txt"
