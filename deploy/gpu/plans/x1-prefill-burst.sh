@@ -34,7 +34,8 @@ if [ "${JUDGED:-1}" = 1 ]; then
   remote=(--proxy-variants="--pd-policy always-remote" --concurrency "${CONC:-1,8}")
   # with ours' own decider pricing P's stall of D's streams at half of D's own (--shared-device-stall 0.5) last;
   # J_VARIANTS replaces these proxy variants
-  run nemotronh hybrid-pd-1p1d j1p --proxy-variants="${J_VARIANTS---pd-policy always-remote;--shared-device-stall 0.5}" \
+  run nemotronh hybrid-pd-1p1d j1p \
+    --proxy-variants="${J_VARIANTS---pd-policy always-remote;--shared-device-stall 0.5}" \
     --concurrency "${CONC:-1,8}"
   if [ "${NODIGEST:-1}" = 1 ]; then HYBRID_PD_KV_DIGESTS=0 run nemotronh hybrid-pd-1p1d j1p-nd "${remote[@]}"; fi
   # upstream last (its prefiller compiles ~250 s): where the device time runs out, ours' pair has landed
