@@ -3,7 +3,8 @@ control of tests/support/controls.py replayed on the model itself, to choose a t
 
 Per family and variant (config overrides, e.g. `mamba_d_conv=2`; `drop=P`, the training's mixer drop, each mixer
 on its own, or `dropall=P`, all at once; `blind=P`, that share of positions hidden from the mixers, in the steps
-from `blind_from` to `blind_until` where given; default none, as the builds): build the tiny model as
+from `blind_from` to `blind_until` where given; default none, as the builds; `seed=N`, another seed than the
+builds' 0: the same recipe with its weights and corpus drawn again): build the tiny model as
 prefill/dev/tiny_model.py does (same tokenizer, config, seed and training, on this machine's device), round it to
 bf16 as it is served, then for prompts of the controls' shape (random words, a key word among the first 100) compute
 the prefix to a boundary with a cache, spoil the cache, compute the tail (2 tokens: short; 150: long) and 8 greedy
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 # a variant's training knobs (tiny_training.train), not config fields
-TRAINING = ("drop", "dropall", "recall", "blind", "blind_from", "blind_until")
+TRAINING = ("drop", "dropall", "recall", "blind", "blind_from", "blind_until", "seed")
 
 
 def configure(cfg, variant: str):
@@ -50,7 +51,8 @@ def build(family: str, variant: str, steps: int, folder: Path, device: str):
     from hybrid_pd.prefill.dev.tiny_families import FAMILIES
     from hybrid_pd.prefill.dev.tiny_training import train
 
-    spec = tm.TinyModelSpec(family=family)
+    training = {k: float(v) for k, _, v in (i.partition("=") for i in variant.split(",")) if k in TRAINING}
+    spec = tm.TinyModelSpec(family=family, seed=int(training.get("seed", 0)))  # seed: the builds' 0 unless given
     folder.mkdir(parents=True, exist_ok=True)
     vocab = tm._build_tokenizer(spec, folder)
     cfg = configure(FAMILIES[family](spec, vocab), variant)
@@ -58,7 +60,6 @@ def build(family: str, variant: str, steps: int, folder: Path, device: str):
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(device)
     tok = AutoTokenizer.from_pretrained(folder)
     started = time.monotonic()
-    training = {k: float(v) for k, _, v in (i.partition("=") for i in variant.split(",")) if k in TRAINING}
     drop = training.get("dropall", training.get("drop", 0.0))  # dropall: every mixer at once; drop: each alone
     window = (int(training.get("blind_from", 0)), int(training.get("blind_until", steps)))  # blind in these steps
     train(model, tok, spec.seed, steps, drop, "dropall" in training, training.get("recall", 0.0),

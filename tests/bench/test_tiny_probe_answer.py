@@ -27,3 +27,15 @@ def test_answer_continues_a_cached_prefix_as_one_forward_over_the_prompt(family)
     tokens, logprobs = answer(model, ids, 48, n=1)
     assert tokens == [int(whole.argmax())]
     assert abs(logprobs[0] - float(whole.max())) < 1e-3, (logprobs, float(whole.max()))
+
+
+def test_a_variants_seed_draws_other_weights_and_seed_0_is_the_builds(tmp_path):
+    from benchmarks.tiny_attention_probe import build
+
+    def weights(variant):
+        model, _, _ = build("zamba2", variant, 0, tmp_path / variant, "cpu")
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    base = weights("base")
+    assert torch.equal(weights("seed=0"), base)
+    assert not torch.equal(weights("seed=1"), base)
