@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# A plan for `bench_gpu.sh background` on ONE GPU: the tiny Zamba2 trained with a share of its positions hidden
-# from its Mamba mixers for part of its training only (benchmarks/tiny_attention_probe.py, `blind_from` /
-# `blind_until`), judged on 12 prompts per tail by both controls: the scrambled attention block must move every
-# prompt past the GPU runs' tolerance (~0.056 nats) and the zeroed state by > 1 nat. On an H100
-# (2026-12-07-h100-zamba2-blind-mixers) 1,400 steps blind at 0.3 read attention on 24 of 24 prompts but weighed
-# the state less (zeroed: 0.48-1.64), longer blind training the reverse; here blind first and then not, or the
-# other way round (blind first, then not, on torch 2.11: the attention read gone on 24 of 24, the state back). ~40 s of training per 1,400 steps and ~60 s of probing per variant on an H100; results under
-# tap/, "zamba2-all" in done.txt at the end. Needs transformers and torch only (the GPU image's, or the
-# wheelhouse's) and our package on PYTHONPATH (`bench_gpu.sh install WHEEL`, or pip --no-deps --target).
+# A plan for `bench_gpu.sh background` on ONE GPU: the tiny Zamba2 trained with a share of its positions hidden from
+# its Mamba mixers for part of its training only (benchmarks/tiny_attention_probe.py, `blind_from` / `blind_until`),
+# judged on 12 prompts per tail by both controls: the scrambled attention block must move every prompt past the GPU
+# runs' tolerance (~0.056 nats) and the zeroed state by > 1 nat. On an H100 (2026-12-07-h100-zamba2-blind-mixers)
+# 1,400 steps blind at 0.3 read attention on 24 of 24 prompts but weighed the state less (zeroed: 0.48-1.64), longer
+# blind training the reverse; here blind first and then not, or the other way round (blind first, then not, on torch
+# 2.11: the attention read gone on 24 of 24, the state back). ~40 s of training per 1,400 steps and ~60 s of probing
+# per variant on an H100; results under tap/, "zamba2-all" in done.txt at the end. Needs transformers and torch only
+# (the GPU image's, or the wheelhouse's) and our package on PYTHONPATH (`bench_gpu.sh install WHEEL`, or pip --no-deps
+# --target).
 set -u
 R=/root/res
 mkdir -p "$R/tap"
