@@ -1,10 +1,10 @@
 """How much a tiny family's answer rests on its attention blocks, in transformers (no vLLM): the scrambled-attention
 control of tests/support/controls.py replayed on the model itself, to choose a training before a GPU run checks it.
 
-Per family and variant (config overrides, e.g. `mamba_d_conv=2`; `drop=P`, the training's mixer drop, each mixer
-on its own, or `dropall=P`, all at once; `blind=P`, that share of positions hidden from the mixers, in the steps
-from `blind_from` to `blind_until` where given; default none, as the builds; `seed=N`, another seed than the
-builds' 0: the same recipe with its weights and corpus drawn again): build the tiny model as
+Per family and variant (config overrides, e.g. `mamba_d_conv=2`; `drop=P`, the training's mixer drop, each mixer on
+its own, or `dropall=P`, all at once; `blind=P`, that share of positions hidden from the mixers, in the steps from
+`blind_from` to `blind_until` where given, every `blind_every`th of them; default none, as the builds; `seed=N`,
+another seed than the builds' 0: the same recipe with its weights and corpus drawn again): build the tiny model as
 prefill/dev/tiny_model.py does (same tokenizer, config, seed and training, on this machine's device), round it to
 bf16 as it is served, then for prompts of the controls' shape (random words, a key word among the first 100) compute
 the prefix to a boundary with a cache, spoil the cache, compute the tail (2 tokens: short; 150: long) and 8 greedy
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 # a variant's training knobs (tiny_training.train), not config fields
-TRAINING = ("drop", "dropall", "recall", "blind", "blind_from", "blind_until", "seed")
+TRAINING = ("drop", "dropall", "recall", "blind", "blind_from", "blind_until", "blind_every", "seed")
 
 
 def configure(cfg, variant: str):
@@ -63,7 +63,7 @@ def build(family: str, variant: str, steps: int, folder: Path, device: str):
     drop = training.get("dropall", training.get("drop", 0.0))  # dropall: every mixer at once; drop: each alone
     window = (int(training.get("blind_from", 0)), int(training.get("blind_until", steps)))  # blind in these steps
     train(model, tok, spec.seed, steps, drop, "dropall" in training, training.get("recall", 0.0),
-          training.get("blind", 0.0), window)
+          training.get("blind", 0.0), window, int(training.get("blind_every", 1)))
     trained_s = time.monotonic() - started
     model = model.to(torch.bfloat16).to(torch.float32).eval()  # the served weights' rounding, computed in fp32
     return model, tok, trained_s

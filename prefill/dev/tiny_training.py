@@ -197,12 +197,15 @@ def train(
     recall: float = 0.0,
     blind: float = 0.0,
     blind_steps: tuple[int, int] | None = None,
+    blind_every: int = 1,
 ) -> None:
     """`steps` of next-token training on `Corpus(seed)`, the first CURRICULUM on short documents; `mixer_drop` and
     `drop_together`: the recurrent mixers' stochastic depth (drop_mixers); `recall`: the share of recall documents
     (Corpus.recalled); `blind`: the share of positions (never a key word's) hidden from the mixers
     (blind_mixers), in the steps [first, last) of `blind_steps` only where given (e.g. blind first, then the
-    state's weight back: on an H100 1,400 blind steps read attention on every prompt, and weighed the state less)."""
+    state's weight back: on an H100 1,400 blind steps read attention on every prompt, and weighed the state less;
+    1,400 clean steps after them took the attention read away again), and of those every `blind_every`th only (the
+    first of the window included): blind and clean steps interleaved, neither undoing what the other taught."""
     import torch
 
     rng = random.Random(f"drop-{seed}")
@@ -228,7 +231,8 @@ def train(
         ids = torch.tensor([r[:width] for r in rows], device=device)
         mask = hide_keys(ids, key_ids.to(device)) if stateful else None
         keep["mask"] = None
-        if blind > 0 and (blind_steps is None or blind_steps[0] <= step < blind_steps[1]):
+        first, last = blind_steps or (0, steps)
+        if blind > 0 and first <= step < last and (step - first) % blind_every == 0:
             hidden = (torch.rand(ids.shape, generator=blinds) < blind).to(device) & ~torch.isin(ids, key_ids.to(device))
             keep["mask"] = (~hidden).float()[..., None]
         model(input_ids=ids, labels=ids, attention_mask=mask).loss.backward()

@@ -167,9 +167,10 @@ def test_a_recall_document_copies_what_followed_an_earlier_occurrence():
 
 
 def test_blind_steps_hide_positions_in_their_window_only(tiny_model):
-    """train(blind=, blind_steps=): outside the window the mixers see every position (an empty window trains the
-    weights blind=0 trains), inside it they do not (a window over every step trains what no window does, and
-    other weights than an empty one). The tiny Zamba2, two steps."""
+    """train(blind=, blind_steps=, blind_every=): outside the window the mixers see every position (an empty window
+    trains the weights blind=0 trains), inside it they do not (a window over every step trains what no window does,
+    and other weights than an empty one), and with blind_every=2 on its first step only. The tiny Zamba2, two
+    steps."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hybrid_pd.prefill.dev.tiny_families import FAMILIES
@@ -178,10 +179,10 @@ def test_blind_steps_hide_positions_in_their_window_only(tiny_model):
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
 
-    def trained(blind: float, window: tuple[int, int] | None) -> list[torch.Tensor]:
+    def trained(blind: float, window: tuple[int, int] | None, every: int = 1) -> list[torch.Tensor]:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(FAMILIES["zamba2"](TinyModelSpec(family="zamba2"), len(tok)))
-        train(model, tok, 0, 2, blind=blind, blind_steps=window)
+        train(model, tok, 0, 2, blind=blind, blind_steps=window, blind_every=every)
         return [p.detach().clone() for p in model.parameters()]
 
     def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -192,3 +193,6 @@ def test_blind_steps_hide_positions_in_their_window_only(tiny_model):
     assert same(plain, empty)
     assert same(everywhere, whole)
     assert not same(empty, whole)
+    # every other step of the window: blind at step 0 only, as a window of the first step alone
+    assert same(trained(0.5, (0, 2), every=2), trained(0.5, (0, 1)))
+    assert not same(trained(0.5, None, every=2), whole)
