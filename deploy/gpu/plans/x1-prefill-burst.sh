@@ -19,6 +19,10 @@
 # a step's worth at the start, then steps 10-20% longer; whether the digests off or queued remove it, and where the
 # profiled round puts it. ~1,600 s of device time after the wheelhouse is in (the probes alone, P_SETUPS="hybrid
 # upstream" JUDGED=0: ~450 s, install and model included): send the first chunk's call alone, then the rest at once.
+# The judged comparison alone, with the one engine for the c=1 floor and no digests-off pass (probes done: see
+# 2026-12-07-h100-nemotronh-prefill-burst-vllm033), about 1,100 s after the wheelhouse: P_SETUPS="" NODIGEST=0
+# COLOCATED=1 J_VARIANTS="--pd-policy always-remote". The wheelhouse's 52 calls of `stash` take ~170 s of device time
+# when the machine stays up; a machine that stops answering loses them all.
 set -u
 export KIND=nemotronh
 . deploy/gpu/plans/common.sh
