@@ -98,7 +98,7 @@ def main() -> None:
             if digest_blocks(tensors, ids) != on_cpu or not kv_digest._TRITON_OK:
                 raise SystemExit(f"{name}: the Triton kernel's digests differ from the CPU's, or it failed")
             triton = timed(lambda: digest_blocks(tensors, ids), args.reps, sync)  # noqa: B023
-            # one launch per layer, as before the kernel took every layer of a call in one
+            # a call per layer tensor (its own table, launch and read-back), as before one launch took them all
             apart = timed(lambda: [digest_blocks([t], ids) for t in tensors], args.reps, sync)  # noqa: B023
         copy = timed(lambda: [t.index_select(0, index) for t in tensors], args.reps, sync)  # noqa: B023
         rows.append({

@@ -24,8 +24,9 @@ products in place (_layer_sums_triton); torch's path (the CPU's, and any layer w
 gathers the blocks, widens and multiplies them in temporaries: 6-11 us/MB on attention pages, 16-32 on Mamba
 states on an H100 (benchmarks/results/2026-11-26-h100-kv-digest, 2026-12-06-h100-nemotronh-judged-vllm033),
 where a launch per layer took 2.3-27 us/MB (2026-12-07-h100-nemotronh-prefill-burst-vllm033: queued behind P's
-step, they added ~1.1 ms to a P leg's answer). Both compute the same digests (tests/connector/test_kv_digest.py
-runs the kernel in Triton's interpreter).
+step, they added ~1.1 ms to a P leg's answer) and one launch per call takes 0.18-0.41 ms a call up to 200 MB
+(2026-12-07-h100-kv-digest-one-launch: 1.7-14x less than a call per layer). Both compute the same digests
+(tests/connector/test_kv_digest.py runs the kernel in Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -236,8 +237,8 @@ def _layer_table(
 
 def _layer_sums_triton(tensors: Sequence[torch.Tensor], ids: torch.Tensor) -> dict[int, torch.Tensor]:
     """Per layer whose blocks are whole aligned words, the (k,) sums torch's paths compute, every such layer in
-    one kernel launch (where each layer had its own, a call on the Nemotron-H shape's state, 9 layers of 2.1 MB
-    blocks, took 0.4 ms on an H100 against its bytes' 0.12 ms copy); {} (and torch from then on, with a
+    one kernel launch (the Nemotron-H shape's state, 9 layers of 2.1 MB blocks: 0.22 ms a call on an H100, where
+    a call per layer took 1.48 ms); {} (and torch from then on, with a
     warning) where Triton fails."""
     global _TRITON_OK
     words_ok = [

@@ -222,6 +222,7 @@ def train(
     assert all(len(p) == 1 for p in pieces), f"a key word is not one token: {pieces}"  # hide_keys needs one each
     key_ids = torch.tensor([p[0] for p in pieces])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first, last = blind_steps or (0, steps)
     device = next(model.parameters()).device
     model.train()
     for step in range(steps):
@@ -231,7 +232,6 @@ def train(
         ids = torch.tensor([r[:width] for r in rows], device=device)
         mask = hide_keys(ids, key_ids.to(device)) if stateful else None
         keep["mask"] = None
-        first, last = blind_steps or (0, steps)
         if blind > 0 and first <= step < last and (step - first) % blind_every == 0:
             hidden = (torch.rand(ids.shape, generator=blinds) < blind).to(device) & ~torch.isin(ids, key_ids.to(device))
             keep["mask"] = (~hidden).float()[..., None]
