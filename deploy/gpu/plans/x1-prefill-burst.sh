@@ -30,7 +30,7 @@ export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PAT
 bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1
 echo "model nemotronh rc=$?" >> "$R/done.txt"
 mkdir -p /tmp/probe-0
-for setup in ${P_SETUPS:-upstream hybrid hybrid-nodigest hybrid-plain}; do
+for setup in ${P_SETUPS-upstream hybrid hybrid-nodigest hybrid-plain}; do
   probe pb "$setup" 0 --burst "${P_BURST:-8}" --profile
 done
 echo pb-all >> "$R/done.txt"
