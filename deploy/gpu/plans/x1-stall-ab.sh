@@ -4,7 +4,8 @@
 # Nemotron-H shape, agentic 8k, c=8; 2026-12-07-h100-nemotronh-judged-c8-vllm033) 0.5 gave TTFT p50 0.87x upstream's and
 # 8 of 40 turns through P, where the default on 2026-12-06 gave 1.20x and 1 of 40: runs of two days. Here A/B/A on the
 # same engines (the default, then 0.5, then 1.0 again, each with a fresh proxy and salted prompts), then upstream PD and
-# the colocated floor, at c = CONC (default 1,8). The Nemotron-H shape is built first. Results under jab, "jab-all"
+# the colocated floor, at c = CONC (default 1,8,32; a c=8 cell of 40 turns lasts ~3.5 s, so its p50 moves by 10-15% run to
+# run). The Nemotron-H shape is built first. Results under jab, "jab-all"
 # at the end. ~650 s of device time after the wheelhouse is in (the first engine compiles: ~190 s of it).
 set -u
 export KIND=nemotronh
@@ -12,7 +13,7 @@ export KIND=nemotronh
 export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PATH
 bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1
 echo "model nemotronh rc=$?" >> "$R/done.txt"
-more=(--concurrency "${CONC:-1,8}" --vllm-args=--jit-monitor-verbose)
+more=(--concurrency "${CONC:-1,8,32}" --vllm-args=--jit-monitor-verbose)
 run nemotronh hybrid-pd-1p1d jab --proxy-variants="--shared-device-stall 0.5;--shared-device-stall 1.0" "${more[@]}"
 run nemotronh upstream jab "${more[@]}"
 run nemotronh colocated jab "${more[@]}"
