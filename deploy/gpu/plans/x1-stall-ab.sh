@@ -7,8 +7,8 @@
 # PD and the colocated floor, at c = CONC (default 1,8,32; a c=8 cell of 40 turns lasts ~3.5 s, so its p50 moves by
 # 10-15% run to run). The Nemotron-H shape is built first. Results under jab, "jab-all" at the end. ~650 s of device
 # time after the wheelhouse is in (the first engine compiles: ~190 s of it). Run 2026-12-07 (ours only: the machine
-# went back during upstream's start): 0.5 lost p90 and output at c=8 and 32 (2026-12-07-h100-nemotronh-stall-ab-
-# vllm033).
+# went back during upstream's start): 0.5 lost p90 and output at c=8 and 32
+# (2026-12-07-h100-nemotronh-stall-ab-vllm033).
 set -u
 export KIND=nemotronh
 . deploy/gpu/plans/common.sh
