@@ -16,10 +16,10 @@ export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH}
 # VARIANTS (space-separated) replaces the three below, e.g. the first alone where device time is short: blind on
 # every other step (blind_every=2: 1,400 blind steps interleaved with 1,400 clean ones, where blind first and clean
 # after lost the attention read), the same with another seed (weights and corpus drawn again: whether a recipe
-# holds, or one training's luck), and at 0.4
+# holds, or one training's luck), and at 0.4. STEPS (default 2800) sets the training's length.
 for v in ${VARIANTS:-use_mem_rope=1,blind=0.3,blind_every=2 use_mem_rope=1,blind=0.3,blind_every=2,seed=1 \
          use_mem_rope=1,blind=0.4,blind_every=2}; do
-  python3 -m benchmarks.tiny_attention_probe --family zamba2 --block 16 --steps 2800 --prompts 12 --variant "$v" \
+  python3 -m benchmarks.tiny_attention_probe --family zamba2 --block 16 --steps "${STEPS:-2800}" --prompts 12 --variant "$v" \
     --out "$R/tap" >> "$R/tap/log.txt" 2>&1
   echo "zamba2 $v rc=$?" >> "$R/done.txt"
 done
