@@ -19,8 +19,8 @@ export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH}
 # holds, or one training's luck), and at 0.4. STEPS (default 2800) sets the training's length.
 for v in ${VARIANTS:-use_mem_rope=1,blind=0.3,blind_every=2 use_mem_rope=1,blind=0.3,blind_every=2,seed=1 \
          use_mem_rope=1,blind=0.4,blind_every=2}; do
-  python3 -m benchmarks.tiny_attention_probe --family zamba2 --block 16 --steps "${STEPS:-2800}" --prompts 12 --variant "$v" \
-    --out "$R/tap" >> "$R/tap/log.txt" 2>&1
+  python3 -m benchmarks.tiny_attention_probe --family zamba2 --block 16 --steps "${STEPS:-2800}" --prompts 12 \
+    --variant "$v" --out "$R/tap" >> "$R/tap/log.txt" 2>&1
   echo "zamba2 $v rc=$?" >> "$R/done.txt"
 done
 echo zamba2-all >> "$R/done.txt"
