@@ -17,6 +17,11 @@ run() { local kind=$1 setup=$2 dir=$3; shift 3
   local log; log="$R/$dir/$setup$(printf %s "$*" | tr -c 'A-Za-z0-9=._-' _).log"
   bash deploy/gpu/bench_gpu.sh run "$setup" "$kind" "$R/$dir" $B "$@" > "$log" 2>&1
   echo "$dir $setup $* rc=$?" >> "$R/done.txt"; }
+# `shape KIND`: a plan's first step: the wheelhouse's site (bench_gpu.sh install) on the path and the real-shape model
+# KIND built on the GPU (bench_gpu.sh model), a line in $R/done.txt
+shape() { export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PATH
+  bash deploy/gpu/bench_gpu.sh model "$1" > "$R/model-$1.log" 2>&1
+  echo "model $1 rc=$?" >> "$R/done.txt"; }
 # Once per machine, first: the KV digest on this GPU (benchmarks/kv_digest_bench.py; ~20 s): the batched digest
 # the connector runs on a GPU is checked against the per-layer one and the CPU's, and timed beside them
 if [ ! -e "$R/kv-digest/results.json" ]; then

@@ -11,9 +11,7 @@ set -u
 export KIND=nemotronh
 GRAPHS=${GRAPHS:-decode}
 . deploy/gpu/plans/common.sh
-export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PATH
-bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1
-echo "model nemotronh rc=$?" >> "$R/done.txt"
+shape nemotronh
 more=(--concurrency "${CONC:-1,8}" --vllm-args=--jit-monitor-verbose)
 run nemotronh upstream j1n "${more[@]}"
 run nemotronh hybrid-pd-1p1d j1n --proxy-variants="${N_VARIANTS---early-decode;--itl-slo-ms 50}" "${more[@]}"

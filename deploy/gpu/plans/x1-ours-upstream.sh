@@ -6,9 +6,7 @@
 set -u
 export KIND=nemotronh
 . deploy/gpu/plans/common.sh
-export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PATH
-bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1
-echo "model nemotronh rc=$?" >> "$R/done.txt"
+shape nemotronh
 run nemotronh hybrid-pd-1p1d jc --concurrency "${CONC:-8,32}" ${O_ARGS:+"--proxy-args=$O_ARGS"}
 run nemotronh upstream jc --concurrency "${CONC:-8,32}"
 echo jc-all >> "$R/done.txt"

@@ -26,9 +26,7 @@
 set -u
 export KIND=nemotronh
 . deploy/gpu/plans/common.sh
-export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PATH
-bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1
-echo "model nemotronh rc=$?" >> "$R/done.txt"
+shape nemotronh
 mkdir -p /tmp/probe-0
 for setup in ${P_SETUPS-upstream hybrid hybrid-nodigest hybrid-plain}; do
   probe pb "$setup" 0 --burst "${P_BURST:-8}" --profile

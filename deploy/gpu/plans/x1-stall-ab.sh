@@ -12,9 +12,7 @@
 set -u
 export KIND=nemotronh
 . deploy/gpu/plans/common.sh
-export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} PATH=/root/site/bin:$PATH
-bash deploy/gpu/bench_gpu.sh model nemotronh > "$R/model-nemotronh.log" 2>&1
-echo "model nemotronh rc=$?" >> "$R/done.txt"
+shape nemotronh
 more=(--concurrency "${CONC:-1,8,32}" --vllm-args=--jit-monitor-verbose)
 run nemotronh hybrid-pd-1p1d jab --proxy-variants="--shared-device-stall 0.5;--shared-device-stall 1.0" "${more[@]}"
 run nemotronh upstream jab "${more[@]}"
