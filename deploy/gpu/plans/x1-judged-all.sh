@@ -2,9 +2,10 @@
 # A plan for `bench_gpu.sh background` on ONE GPU: every set-up where PD is judged on the Nemotron-H shape (built
 # first), P and D sharing the GPU, decode-only CUDA graphs, in one run: upstream PD, ours with its defaults and, on
 # the same engines with a fresh proxy and salted prompts, the peers' deciders (Dynamo's isl-bounding, llm-d's
-# non-cached-tokens), then the colocated floor; agentic 8k at c = CONC (default 1,8,32) and the agentic 8k trace
-# closed loop at the same concurrencies and open loop at RATES requests/s (default 4,8; empty: none). Results under
-# ja, "ja-all" at the end. ~900 s of device time after the wheelhouse is in (the first engine compiles: ~190 s).
+# non-cached-tokens; upstream's every turn through P, where our PD path's own tax shows), then the colocated floor;
+# agentic 8k at c = CONC (default 1,8,32) and the agentic 8k trace closed loop at the same concurrencies and open
+# loop at RATES requests/s (default 4,8; empty: none). Results under ja, "ja-all" at the end. ~900 s of device time
+# after the wheelhouse is in (the first engine compiles: ~190 s; RATES and the trace ~180 s of it).
 set -u
 export KIND=nemotronh
 . deploy/gpu/plans/common.sh
@@ -12,6 +13,7 @@ shape nemotronh
 more=(--concurrency "${CONC:-1,8,32}")
 [ -n "${RATES-4,8}" ] && more+=(--workloads agentic,trace --rate "${RATES-4,8}")
 run nemotronh upstream ja "${more[@]}"
-run nemotronh hybrid-pd-1p1d ja --proxy-variants="--pd-policy isl-bounding;--pd-policy non-cached-tokens" "${more[@]}"
+peers="--pd-policy isl-bounding;--pd-policy non-cached-tokens;--pd-policy always-remote"
+run nemotronh hybrid-pd-1p1d ja --proxy-variants="$peers" "${more[@]}"
 run nemotronh colocated ja "${more[@]}"
 echo ja-all >> "$R/done.txt"
