@@ -5,7 +5,8 @@
 # non-cached-tokens; upstream's every turn through P, where our PD path's own tax shows), then the colocated floor;
 # agentic 8k at c = CONC (default 1,8,32) and the agentic 8k trace closed loop at the same concurrencies and open
 # loop at RATES requests/s (default 4,8; empty: none). Results under ja, "ja-all" at the end. ~900 s of device time
-# after the wheelhouse is in (the first engine compiles: ~190 s; RATES and the trace ~180 s of it).
+# after the wheelhouse is in (the first engine compiles: ~190 s; RATES and the trace ~180 s of it). Where device
+# time is short: PEERS (';'-separated proxy variants) and COLOCATED=0 leave set-ups out.
 set -u
 export KIND=nemotronh
 . deploy/gpu/plans/common.sh
@@ -13,7 +14,7 @@ shape nemotronh
 more=(--concurrency "${CONC:-1,8,32}")
 [ -n "${RATES-4,8}" ] && more+=(--workloads agentic,trace --rate "${RATES-4,8}")
 run nemotronh upstream ja "${more[@]}"
-peers="--pd-policy isl-bounding;--pd-policy non-cached-tokens;--pd-policy always-remote"
+peers=${PEERS---pd-policy isl-bounding;--pd-policy non-cached-tokens;--pd-policy always-remote}
 run nemotronh hybrid-pd-1p1d ja --proxy-variants="$peers" "${more[@]}"
-run nemotronh colocated ja "${more[@]}"
+[ "${COLOCATED:-1}" = 1 ] && run nemotronh colocated ja "${more[@]}"
 echo ja-all >> "$R/done.txt"
