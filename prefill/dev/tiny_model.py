@@ -109,9 +109,10 @@ def _build_weights(spec: TinyModelSpec, vocab: int, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hybrid_pd.prefill.dev.tiny_families import FAMILIES, LAYOUTS
+    from hybrid_pd.prefill.dev.tiny_families import FAMILIES, FAMILY_TRAINING, LAYOUTS, Training
 
     cfg = FAMILIES[spec.family](spec, vocab)
+    recipe = FAMILY_TRAINING.get(spec.family, Training())
     threads = torch.get_num_threads()
     torch.manual_seed(spec.seed)
     torch.set_num_threads(1)  # the same bytes on every run of this machine, whatever else runs beside it
@@ -119,7 +120,9 @@ def _build_weights(spec: TinyModelSpec, vocab: int, out: Path) -> None:
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         if spec.train_steps:  # on a GPU machine (the GPU checks build their models there): seconds, not minutes
             tok = AutoTokenizer.from_pretrained(out)
-            train(model.to("cuda" if torch.cuda.is_available() else "cpu"), tok, spec.seed, spec.train_steps)
+            model.to("cuda" if torch.cuda.is_available() else "cpu")
+            steps, blind_steps = recipe.steps(spec.train_steps), recipe.blind_steps(spec.train_steps)
+            train(model, tok, spec.seed, steps, blind=recipe.blind, blind_steps=blind_steps)
     finally:
         torch.set_num_threads(threads)
     model.to("cpu", getattr(torch, spec.dtype)).save_pretrained(out)

@@ -171,9 +171,11 @@ def blind_mixers(model: torch.nn.Module, keep: dict) -> list:
     hidden), so neither its convolution nor its state ever sees those tokens, and a later word that depends on
     one (the rule's third last word) can only be read through attention, which sees the residual stream. The
     inverse of hide_keys, meant to make a model read its attention blocks (the scrambled-attention control).
-    Returns the hooks' handles. No build uses it: the tiny Zamba2 with RoPE and 0.3 of its positions hidden, 700
-    steps, read its last attention block on two of four prompts (up to 1.58 nats), at 0.5 on none, without RoPE
-    never (benchmarks/results/2026-12-06-cpu-zamba2-blind-mixers); benchmarks/tiny_attention_probe.py tries it."""
+    Returns the hooks' handles. The tiny Zamba2's build uses it (tiny_families.FAMILY_TRAINING: plain steps, then
+    as many with 0.3 of its positions hidden, RoPE on: its last attention block read on 24 of 24 prompts and its state
+    kept, on an H100, benchmarks/results/2026-12-07-h100-zamba2-blind-mixers); blind from the start, or on every
+    other step, it read attention on some prompts only, or lost the state's weight, and on the CPU read nothing
+    (benchmarks/results/2026-12-06-cpu-zamba2-blind-mixers); benchmarks/tiny_attention_probe.py tries recipes."""
 
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         mask = keep.get("mask")
@@ -202,10 +204,10 @@ def train(
     """`steps` of next-token training on `Corpus(seed)`, the first CURRICULUM on short documents; `mixer_drop` and
     `drop_together`: the recurrent mixers' stochastic depth (drop_mixers); `recall`: the share of recall documents
     (Corpus.recalled); `blind`: the share of positions (never a key word's) hidden from the mixers
-    (blind_mixers), in the steps [first, last) of `blind_steps` only where given (e.g. blind first, then the
-    state's weight back: on an H100 1,400 blind steps read attention on every prompt, and weighed the state less;
-    1,400 clean steps after them took the attention read away again), and of those every `blind_every`th only (the
-    first of the window included): blind and clean steps interleaved, neither undoing what the other taught."""
+    (blind_mixers), in the steps [first, last) of `blind_steps` only where given (on an H100: 1,400 plain steps and
+    then 1,400 blind read attention on every prompt and kept the state's weight; blind first and then plain, the
+    plain steps took the attention read away), and of those every `blind_every`th only (the first of the window
+    included)."""
     import torch
 
     rng = random.Random(f"drop-{seed}")

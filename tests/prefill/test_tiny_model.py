@@ -56,3 +56,39 @@ def test_a_family_revision_renames_that_family_only(monkeypatch):
     monkeypatch.setitem(tiny_families.FAMILY_REVISION, "zamba2", tiny_families.FAMILY_REVISION["zamba2"] + 1)
     assert TinyModelSpec(family="zamba2").folder_name() != names["zamba2"]
     assert TinyModelSpec(family="qwen3_next").folder_name() == names["qwen3_next"]
+
+
+def test_zamba2_is_built_with_its_training_recipe(tmp_path):
+    """The tiny Zamba2's build trains tiny_families.FAMILY_TRAINING's recipe (8 steps per build step, the second half
+    with 30% of the positions hidden from its Mamba mixers): its saved weights are those of train() called so, and not
+    those of as many plain steps. One build step: 8 training steps."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hybrid_pd.prefill.dev.tiny_families import FAMILIES, FAMILY_TRAINING
+    from hybrid_pd.prefill.dev.tiny_training import train
+
+    spec = TinyModelSpec(family="zamba2", train_steps=1)
+    recipe = FAMILY_TRAINING["zamba2"]
+    assert (recipe.steps(1), recipe.blind_steps(1), recipe.blind) == (8, (4, 8), 0.3)
+    built = load_file(build_tiny_model(spec, out=tmp_path / "built") / "model.safetensors")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "built")
+
+    def trained(**blind) -> dict:
+        threads = torch.get_num_threads()
+        torch.manual_seed(spec.seed)
+        torch.set_num_threads(1)  # as the build
+        try:
+            model = AutoModelForCausalLM.from_config(FAMILIES["zamba2"](spec, len(tok)), dtype=torch.float32)
+            train(model, tok, spec.seed, 8, **blind)
+        finally:
+            torch.set_num_threads(threads)
+        return {k: v.to(torch.bfloat16) for k, v in model.state_dict().items() if k in built}
+
+    def same(weights: dict) -> bool:
+        assert weights.keys() == built.keys()
+        return all(torch.equal(built[k], v) for k, v in weights.items())
+
+    assert same(trained(blind=0.3, blind_steps=(4, 8)))
+    assert not same(trained())
