@@ -3,7 +3,8 @@ control of tests/support/controls.py replayed on the model itself, to choose a t
 
 Per family and variant (config overrides, e.g. `mamba_d_conv=2`; `drop=P`, the training's mixer drop, each mixer on
 its own, or `dropall=P`, all at once; `blind=P`, that share of positions hidden from the mixers, in the steps from
-`blind_from` to `blind_until` where given, every `blind_every`th of them; default none, as the builds; `seed=N`,
+`blind_from` to `blind_until` where given, every `blind_every`th of them; default none, as the builds but Zamba2's
+(prefill/dev/tiny_families.py FAMILY_TRAINING: `blind=0.3,blind_from=1400` at 2,800 steps is its recipe); `seed=N`,
 another seed than the builds' 0: the same recipe with its weights and corpus drawn again): build the tiny model as
 prefill/dev/tiny_model.py does (same tokenizer, config, seed and training, on this machine's device), round it to
 bf16 as it is served, then for prompts of the controls' shape (random words, a key word among the first 100) compute
