@@ -9,7 +9,7 @@
 # time is short: PEERS (';'-separated proxy variants) and COLOCATED=0 leave set-ups out. FAMILY_GROUPS (e.g. zamba2,
 # whose tiny model's recipe changed on 2026-12-07): families-033.sh's family checks of those groups after ("f-all").
 # Its results folder's extra_ratios.json (benchmarks/gpu/merge.py) can carry what this run does not measure, each with
-# its source: proxy_cpu_vs_router_max (1.21, 2026-11-27-cpu-proxy-cpu-timers), prefill_vs_upstream_prefill (1.002,
+# its source: proxy_cpu_vs_router_max (1.21, 2026-12-07-cpu-proxy-cpu), prefill_vs_upstream_prefill (1.002,
 # 2026-12-07-h100-nemotronh-prefill-burst-vllm033).
 set -u
 export KIND=nemotronh
