@@ -15,6 +15,8 @@ tokens, and report how far the reference tokens' log-probabilities moved (max ov
                attention layer, keys and values (connector/vllm_kv_caches.py scramble_block); with
                --scramble-scale S also "scramble-xS", the noise S times that magnitude
     zero       every recurrent state (conv and SSM) zeroed at the boundary
+    wrong      the last attention block before the boundary, every attention layer, from another prompt of the
+               same length with another key (the "attention wrong" control): state right, plausible keys wrong
 
     python3 -m benchmarks.tiny_attention_probe --family jamba --block 48 --variant base --variant mamba_d_conv=2
 """
@@ -107,6 +109,28 @@ def scramble(lo: int, hi: int, factor: float = 4.0):
     return spoil
 
 
+def wrong_block(other, lo: int, hi: int):
+    """The spoil that copies `other`'s (another prompt's cache to the same boundary) attention keys and values of
+    positions [lo, hi) into the cache, every attention layer."""
+
+    def spoil(cache) -> None:
+        attention, theirs = cache_tensors(cache)[0], cache_tensors(other)[0]
+        assert attention and len(attention) == len(theirs), "no attention KV, or not the other prompt's layout"
+        for (k, v), (ok, ov) in zip(attention, theirs):
+            k[:, :, lo:hi] = ok[:, :, lo:hi]
+            v[:, :, lo:hi] = ov[:, :, lo:hi]
+
+    return spoil
+
+
+def prefix_cache(model, ids: list[int]):
+    import torch
+
+    with torch.no_grad():
+        device = next(model.parameters()).device
+        return model(input_ids=torch.tensor([ids], device=device), use_cache=True).past_key_values
+
+
 def zero_state(cache) -> None:
     _, recurrent = cache_tensors(cache)
     assert recurrent, "no recurrent state in the cache"
@@ -153,19 +177,26 @@ def answer(model, ids: list[int], boundary: int, spoil=None, reference: list[int
     return tokens, logprobs
 
 
-def probe(model, tok, block: int, prompts: int = 4, scales: tuple[float, ...] = ()) -> dict:
+def prompt_ids(tok, salt: int, n: int) -> list[int]:
+    """The first `n` ids of the controls' prompt for `salt`: random words, key word salt % 3 + 1 among the first 100
+    (the "wrong" control's other prompt is salt + 1000's: another key)."""
     from hybrid_pd.prefill.dev.tiny_training import WORDS, keyed
 
+    rng = random.Random(salt)
+    text = " ".join(keyed([rng.choice(WORDS) for _ in range(900)], salt % 3 + 1))
+    return tok(text, add_special_tokens=False)["input_ids"][:n]
+
+
+def probe(model, tok, block: int, prompts: int = 4, scales: tuple[float, ...] = ()) -> dict:
     out = {}
     for tail_name, boundary, tail in (("short", -(-299 // block) * block, 2), ("long", -(-256 // block) * block, 150)):
         spoils = {"scramble": scramble(boundary - block, boundary), "zero": zero_state}
         spoils |= {f"scramble-x{s:g}": scramble(boundary - block, boundary, s) for s in scales}
-        moves: dict[str, list[float]] = {name: [] for name in spoils}
+        moves: dict[str, list[float]] = {name: [] for name in [*spoils, "wrong"]}
         for salt in range(11, 11 + prompts):
-            rng = random.Random(salt)
-            text = " ".join(keyed([rng.choice(WORDS) for _ in range(900)], salt % 3 + 1))
-            ids = tok(text, add_special_tokens=False)["input_ids"][: boundary + tail]
+            ids, other = (prompt_ids(tok, s, boundary + tail) for s in (salt, salt + 1000))
             ref_tokens, ref_lp = answer(model, ids, boundary)
+            spoils["wrong"] = wrong_block(prefix_cache(model, other[:boundary]), boundary - block, boundary)
             for name, spoil in spoils.items():
                 _, lp = answer(model, ids, boundary, spoil, ref_tokens)
                 moves[name].append(round(max(abs(a - b) for a, b in zip(ref_lp, lp)), 3))

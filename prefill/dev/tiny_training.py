@@ -165,9 +165,14 @@ def drop_mixers(model: torch.nn.Module, p: float, rng: random.Random, together: 
     )
 
 
+# the recurrent mixers' classes in transformers, by the end of their names: Mamba1/2 (Jamba, Zamba2, Nemotron-H, ...),
+# gated DeltaNet (Qwen3-Next, Qwen3.5), LFM2's short convolution
+RECURRENT_MIXERS = ("MambaMixer", "GatedDeltaNet", "ShortConv")
+
+
 def blind_mixers(model: torch.nn.Module, keep: dict) -> list:
-    """Hide the tokens at some positions from every recurrent mixer (each module whose class ends in
-    `MambaMixer`): in training, each mixer's input is multiplied by `keep["mask"]` ((batch, tokens, 1), 0 where
+    """Hide the tokens at some positions from every recurrent mixer (each module whose class ends in one of
+    RECURRENT_MIXERS): in training, each mixer's input is multiplied by `keep["mask"]` ((batch, tokens, 1), 0 where
     hidden), so neither its convolution nor its state ever sees those tokens, and a later word that depends on
     one (the rule's third last word) can only be read through attention, which sees the residual stream. The
     inverse of hide_keys, meant to make a model read its attention blocks (the scrambled-attention control).
@@ -185,7 +190,7 @@ def blind_mixers(model: torch.nn.Module, keep: dict) -> list:
             return args, {**kwargs, "hidden_states": kwargs["hidden_states"] * mask.to(kwargs["hidden_states"].dtype)}
         return (args[0] * mask.to(args[0].dtype), *args[1:]), kwargs
 
-    mixers = [m for m in model.modules() if type(m).__name__.endswith("MambaMixer")]
+    mixers = [m for m in model.modules() if type(m).__name__.endswith(RECURRENT_MIXERS)]
     return [m.register_forward_pre_hook(hook, with_kwargs=True) for m in mixers]
 
 

@@ -39,3 +39,28 @@ def test_a_variants_seed_draws_other_weights_and_seed_0_is_the_builds(tmp_path):
     base = weights("base")
     assert torch.equal(weights("seed=0"), base)
     assert not torch.equal(weights("seed=1"), base)
+
+
+def test_the_wrong_spoil_puts_the_other_prompts_last_block_in_every_attention_layer_and_nothing_else():
+    """wrong_block: positions [lo, hi) of every attention layer's keys and values become the other prompt's, the
+    positions before stay, and the recurrent state is untouched (the "attention wrong" control: state right)."""
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.tiny_attention_probe import cache_tensors, prefix_cache, wrong_block
+    from hybrid_pd.prefill.dev.tiny_families import FAMILIES
+    from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(FAMILIES["qwen3_5"](TinyModelSpec(family="qwen3_5"), 512)).eval()
+    rng = random.Random(2)
+    ids, other = ([rng.randrange(512) for _ in range(48)] for _ in range(2))
+    cache, theirs = prefix_cache(model, ids), prefix_cache(model, other)
+    (attention, recurrent), (their_attention, _) = cache_tensors(cache), cache_tensors(theirs)
+    before = [(k.clone(), v.clone()) for k, v in attention], [x.clone() for x in recurrent]
+    wrong_block(theirs, 32, 48)(cache)
+    assert attention and recurrent
+    for (k, v), (k0, v0), (ok, ov) in zip(attention, before[0], their_attention):
+        assert torch.equal(k[:, :, 32:48], ok[:, :, 32:48]) and torch.equal(v[:, :, 32:48], ov[:, :, 32:48])
+        assert torch.equal(k[:, :, :32], k0[:, :, :32]) and torch.equal(v[:, :, :32], v0[:, :, :32])
+        assert not torch.equal(k, k0)
+    assert all(torch.equal(x, x0) for x, x0 in zip(recurrent, before[1]))

@@ -3,6 +3,7 @@
 import math
 import random
 
+import pytest
 import torch
 
 from hybrid_pd.prefill.dev.tiny_training import (
@@ -144,6 +145,34 @@ def test_blind_mixers_hides_the_masked_positions_from_every_mamba_mixer_in_train
     for handle in hooks + capture:
         handle.remove()
     assert torch.equal(logits(True), plain)
+
+
+@pytest.mark.parametrize("family, mixer", [("qwen3_5", "GatedDeltaNet"), ("lfm2", "ShortConv")])
+def test_blind_mixers_hides_the_masked_positions_from_gated_deltanets_and_short_convolutions(family, mixer):
+    """The same for the other recurrent mixers (RECURRENT_MIXERS): every one of the family's `mixer` layers gets
+    the mask, sees a zero at the hidden position, and the logits before it stay while those after it move."""
+    from transformers import AutoModelForCausalLM
+
+    from hybrid_pd.prefill.dev.tiny_families import FAMILIES
+    from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(FAMILIES[family](TinyModelSpec(family=family), 512)).train()
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    mixers = [m for m in model.modules() if type(m).__name__.endswith(mixer)]
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        keep = {"mask": torch.tensor([[1.0, 1, 0, 1, 1, 1]])[..., None]}
+        hooks = blind_mixers(model, keep)
+        seen: list[torch.Tensor] = []
+        hooks += [m.register_forward_pre_hook(lambda m, a, k: seen.append(k.get("hidden_states", a[0] if a else None)),
+                                              with_kwargs=True) for m in mixers]
+        hidden = model(input_ids=ids).logits
+    assert mixers and len(hooks) == 2 * len(mixers) and len(seen) == len(mixers)
+    assert all(float(x[0, 2].abs().max()) == 0 and float(x[0, 3].abs().max()) > 0 for x in seen)
+    assert torch.allclose(hidden[0, :2], plain[0, :2]) and not torch.allclose(hidden[0, 2:], plain[0, 2:])
+    for handle in hooks:
+        handle.remove()
 
 
 def test_a_recall_document_copies_what_followed_an_earlier_occurrence():

@@ -2,7 +2,8 @@
 # A plan for `bench_gpu.sh background` on ONE GPU: the tiny Zamba2 trained with a share of its positions hidden from
 # its Mamba mixers for part of its training only (benchmarks/tiny_attention_probe.py, `blind_from` / `blind_until` /
 # `blind_every`), judged on 12 prompts per tail by both controls: the scrambled attention block must move every prompt
-# past the GPU runs' tolerance (~0.056 nats) and the zeroed state by > 1 nat. On an H100
+# past the GPU runs' tolerance (~0.056 nats) and the zeroed state by > 1 nat (the "attention wrong" control, `wrong`,
+# reported beside them since 2026-12-07-cpu-attention-wrong-probe). On an H100
 # (2026-12-07-h100-zamba2-blind-mixers) 1,400 plain steps and then 1,400 blind at 0.3 did both on 24 of 24 prompts
 # (torch 2.11; the build's recipe since, tiny_families.FAMILY_TRAINING), at 0.4 with seed 1 not (2 of 24); blind
 # first, throughout or on every other step read attention on some prompts only or lost the state's weight. ~45 s of
