@@ -102,15 +102,20 @@ case $cmd in
     tar -czf "${OUT:?}/res.tgz" -C /root/res .
     # once MARK is there, the kernel caches its engines compiled come back too (parts beside res.tgz, where they fit
     # what a call returns: 45 MiB), for the next lease's restore-cache; KC=0: not
+    # (Triton's alone where all of them do not fit)
     if [ "${KC:-1}" = 1 ] && grep -q "^$mark" /root/res/done.txt 2>/dev/null && [ ! -e /root/kc ]; then
-      bash "$HERE/bench_gpu.sh" save-cache /root/kc > /dev/null 2>&1 || true
-      kb=$(du -sk /root/kc | cut -f1); echo "kernel caches: $kb KiB gzipped" | tee "$OUT/kc-size.txt"
-      [ "$kb" -le $((45 * 1024)) ] && cp /root/kc/kernel-cache.tgz.* "$OUT/"
+      for dirs in "" .triton/cache; do
+        rm -rf /root/kc; KC_DIRS=$dirs bash "$HERE/bench_gpu.sh" save-cache /root/kc > /dev/null 2>&1 || true
+        kb=$(du -sk /root/kc | cut -f1)
+        echo "kernel caches (${dirs:-all}): $kb KiB gzipped" | tee -a "$OUT/kc-size.txt"
+        [ "$kb" -le $((45 * 1024)) ] && { cp /root/kc/kernel-cache.tgz.* "$OUT/"; break; }
+      done
     fi
     ls -la "$OUT" ;;
   save-cache)
     out=${1:?out folder}; mkdir -p "$out"
-    tar -czf - -C "$HOME" $(cd "$HOME" && ls -d .triton/cache .cache/flashinfer .cache/vllm/torch_compile_cache 2>/dev/null) \
+    dirs=${KC_DIRS:-.triton/cache .cache/flashinfer .cache/vllm/torch_compile_cache}  # (word-split on purpose)
+    tar -czf - -C "$HOME" $(cd "$HOME" && ls -d $dirs 2>/dev/null) \
       | split -b 15m -d - "$out/kernel-cache.tgz."
     du -sh "$out"/kernel-cache.tgz.* ;;
   restore-cache)
