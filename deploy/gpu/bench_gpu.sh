@@ -106,6 +106,7 @@ case $cmd in
     if [ "${KC:-1}" = 1 ] && grep -q "^$mark" /root/res/done.txt 2>/dev/null && [ ! -e /root/kc ]; then
       for dirs in "" .triton/cache; do
         rm -rf /root/kc; KC_DIRS=$dirs bash "$HERE/bench_gpu.sh" save-cache /root/kc > /dev/null 2>&1 || true
+        if ! ls /root/kc/kernel-cache.tgz.* > /dev/null 2>&1; then echo "no kernel caches" >> "$OUT/kc-size.txt"; break; fi
         kb=$(du -sk /root/kc | cut -f1)
         echo "kernel caches (${dirs:-all}): $kb KiB gzipped" | tee -a "$OUT/kc-size.txt"
         [ "$kb" -le $((45 * 1024)) ] && { cp /root/kc/kernel-cache.tgz.* "$OUT/"; break; }
