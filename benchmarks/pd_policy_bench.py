@@ -16,13 +16,14 @@ tokens they recomputed, index mispredictions (proxy metrics), and the placement 
 
     bash deploy/dev.sh run python -m benchmarks.pd_policy_bench [--sessions 3] [--turns 6] [--rounds 2]
         [--concurrency 1] [--suffix-words 0] [--chat] [--policies ours,always-remote,isl-bounding,non-cached-tokens]
-        [--itl-slo-ms 0] [--out FILE.json]
+        [--itl-slo-ms 0] [--worker-args "-- --block-size 256"] [--out FILE.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import tempfile
 import time
@@ -110,6 +111,8 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--itl-slo-ms", default="0")
     ap.add_argument("--out", default="")
+    ap.add_argument("--worker-args", default="", help="launcher flags for both workers, then optionally -- and "
+                    "vLLM flags (e.g. '-- --block-size 256')")
     args = ap.parse_args()
     policies = args.policies.split(",")
     logs = Path(tempfile.mkdtemp(prefix="pd-policy-bench-"))
@@ -119,7 +122,7 @@ def main() -> None:
                                     "misroute_tokens": 0.0, "mispredictions": 0.0, "mispredicted_tokens": 0.0,
                                     "junction_stops": 0.0, "rates": {}} for p in policies}
     try:
-        workers = start_pd_pair(model, logs, procs, 600)
+        workers = start_pd_pair(model, logs, procs, 600, tuple(shlex.split(args.worker_args)))
         salt = 0
         for rnd in range(args.rounds):
             for policy in policies if rnd % 2 == 0 else list(reversed(policies)):
@@ -159,7 +162,7 @@ def main() -> None:
                 procs.remove(proxy)
         print(f"\nsessions {args.sessions} x turns {args.turns} x rounds {args.rounds}, concurrency "
               f"{args.concurrency}, suffix {args.suffix_words} words, --itl-slo-ms {args.itl_slo_ms}"
-              f"{', chat' if args.chat else ''}")
+              f"{', chat' if args.chat else ''}{f', workers {args.worker_args}' if args.worker_args else ''}")
         print("| policy | turns | TTFT p50 ms | TTFT p90 ms | D alone | P calls | MB pulled | hybrid misroutes "
               "(tokens recomputed) | index mispredictions (tokens) | junction stops |")
         print("|---|---|---|---|---|---|---|---|---|---|")

@@ -348,11 +348,12 @@ def running(setup: Setup) -> Iterator[Setup]:
         setup.close()
 
 
-def start_pd_pair(model: str, logs: Path, procs: list[Launched], timeout: float) -> dict[str, Launched]:
+def start_pd_pair(model: str, logs: Path, procs: list[Launched], timeout: float,
+                  extra: tuple[str, ...] = ()) -> dict[str, Launched]:
     """A prefiller on core 0 and a decoder on core 1 of the CPU bed (our connector), each publishing KV events
     on a port of its own (events_url); appended to `procs` (the caller stops them) and
-    ready on return."""
-    workers = Workers(CpuBed(model), logs)
+    ready on return. `extra`: CpuBed's (launcher flags, then optionally "--" and vLLM flags)."""
+    workers = Workers(CpuBed(model, extra), logs)
     pair = {"p": workers.start("p", "prefill", "hybrid"), "d": workers.start("d", "decode", "hybrid")}
     procs.extend(pair.values())
     for w in pair.values():

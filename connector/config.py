@@ -37,6 +37,9 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
                                                                   (NIXL's own is 0: a spinning core per agent)
                         HYBRID_PD_KEEP_AFFINITY        0          CPU engines: keep threads on their --cpu-bind
                                                                   cores (connector/affinity_guard.py)
+                        HYBRID_PD_SYNC_SCHEDULER_BLOCK 0          CPU engines: align mode's split ends prefill
+                                                                  chunks on the engine's block
+                                                                  (connector/scheduler_block.py)
                         VLLM_NIXL_SIDE_CHANNEL_HOST    127.0.0.1  where peers reach this engine's side channel
                         VLLM_NIXL_SIDE_CHANNEL_PORT    5600       its port (+ the TP rank)
                         HYBRID_PD_TEST_CORRUPT_READS   0          tests only: D flips a byte in the first landed
@@ -51,8 +54,9 @@ launchers own --kv-transfer-config, so Kubernetes and the launchers set the envi
 
 A value that does not parse raises ConfigurationError naming the key (or variable) it came from.
 
-The last two also patch processes that are not ours (vLLM's own NixlConnector builds its NIXL agent, and on CPU
-moves threads, inside vLLM): `connector/plugin.py`, loaded by vLLM through its `vllm.general_plugins` entry point
+NIXL_PTHR_DELAY_US, HYBRID_PD_KEEP_AFFINITY and HYBRID_PD_SYNC_SCHEDULER_BLOCK also patch processes that are not
+ours (vLLM's own NixlConnector builds its NIXL agent and, on CPU, moves threads; vLLM's scheduler splits prefills):
+`connector/plugin.py`, loaded by vLLM through its `vllm.general_plugins` entry point
 in every process it starts, applies them there, but only where the variable is set, so an engine started
 without them (upstream's baseline as its docs run it) is untouched.
 """
@@ -85,6 +89,7 @@ class ConnectorConfig:
     idle_wait_ms: float = 0.0
     nixl_delay_us: int = 1000
     keep_affinity: bool = False
+    sync_scheduler_block: bool = False
     prefill_to_boundary: bool | None = None  # None: auto (vllm_glue.prefill_to_boundary)
     kv_digests: float = 1.0
     digest_wait_ms: float = 3.0
@@ -125,6 +130,7 @@ class ConnectorConfig:
             idle_wait_ms=setting("idle_wait_ms", "HYBRID_PD_IDLE_WAIT_MS", 0.0, float),
             nixl_delay_us=setting("nixl_delay_us", "NIXL_PTHR_DELAY_US", 1000, int),
             keep_affinity=setting(None, "HYBRID_PD_KEEP_AFFINITY", False, _flag),
+            sync_scheduler_block=setting(None, "HYBRID_PD_SYNC_SCHEDULER_BLOCK", False, _flag),
             legacy_transfer_results=env.get("HYBRID_PD_TRANSFER_RESULTS") == "legacy",
             conv_state_layout=env.get("VLLM_SSM_CONV_STATE_LAYOUT"),
         )

@@ -1,4 +1,4 @@
-"""Our vLLM plugin: the two process patches, applied in every process vLLM starts, only where asked for.
+"""Our vLLM plugin: the three process patches, applied in every process vLLM starts, only where asked for.
 
 vLLM calls `register()` through the `vllm.general_plugins` entry point (pyproject.toml) in its API server,
 engine-core and worker processes, before any KV connector exists; pip installs and removes the entry point
@@ -16,7 +16,7 @@ from hybrid_pd.connector.config import ConnectorConfig
 from hybrid_pd.connector.errors import ConfigurationError
 
 logger = logging.getLogger("hybrid_pd.connector")
-PATCH_VARIABLES = ("NIXL_PTHR_DELAY_US", "HYBRID_PD_KEEP_AFFINITY")
+PATCH_VARIABLES = ("NIXL_PTHR_DELAY_US", "HYBRID_PD_KEEP_AFFINITY", "HYBRID_PD_SYNC_SCHEDULER_BLOCK")
 
 
 def register() -> list[str]:
@@ -40,4 +40,9 @@ def register() -> list[str]:
 
         if affinity_guard.install():
             applied.append("affinity_guard")
+    if config.sync_scheduler_block:
+        from hybrid_pd.connector import scheduler_block
+
+        if scheduler_block.install():
+            applied.append("scheduler_block")
     return applied

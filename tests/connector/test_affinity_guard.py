@@ -25,7 +25,11 @@ NIXL_DELAY = LOAD + """
 import nixl._api as api
 print(type(api.nixlBind.nixlAgentConfig).__name__, api.nixlBind.nixlAgentConfig.__name__)
 """
-PATCHES = ("HYBRID_PD_KEEP_AFFINITY", "NIXL_PTHR_DELAY_US")
+SCHEDULER = LOAD + """
+from vllm.v1.core.sched.scheduler import Scheduler
+print(getattr(Scheduler._mamba_block_aligned_split, "hybrid_pd_synced", False))
+"""
+PATCHES = ("HYBRID_PD_KEEP_AFFINITY", "NIXL_PTHR_DELAY_US", "HYBRID_PD_SYNC_SCHEDULER_BLOCK")
 
 
 def child(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -65,3 +69,11 @@ def test_a_bad_value_is_reported_not_raised():
     out = child(NIXL_DELAY, NIXL_PTHR_DELAY_US="soon")
     assert out.returncode == 0, out.stderr
     assert "process patches not applied" in out.stderr and "NIXL_PTHR_DELAY_US" in out.stderr
+
+
+def test_the_scheduler_block_patch_only_where_asked():
+    """(What it does to an engine's hits: tests/connector/test_engines.py,
+    test_the_next_turn_hits_the_last_boundary_of_a_prompt_the_engine_computed_itself.)"""
+    patched, plain = child(SCHEDULER, HYBRID_PD_SYNC_SCHEDULER_BLOCK="1"), child(SCHEDULER)
+    assert patched.returncode == 0 and plain.returncode == 0, patched.stderr + plain.stderr
+    assert patched.stdout.split() == ["True"] and plain.stdout.split() == ["False"]

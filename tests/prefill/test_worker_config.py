@@ -65,7 +65,7 @@ def test_prefill_command_carries_every_validated_setting(hybrid_model):
                    "NIXL_PTHR_DELAY_US": "1000", "UCX_RCACHE_MAX_UNRELEASED": "1024",
                    "UCX_NET_DEVICES": "lo", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0",
                    "HYBRID_PD_KEEP_AFFINITY": "1", "HYBRID_PD_NIXL_PROGRESS_THREAD": "0",
-                   "HYBRID_PD_IDLE_WAIT_MS": "2"}
+                   "HYBRID_PD_IDLE_WAIT_MS": "2", "HYBRID_PD_SYNC_SCHEDULER_BLOCK": "1"}
     assert cfg.warnings == ()
 
 
