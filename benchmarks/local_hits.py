@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.procs import Launched, free_port
@@ -35,6 +37,33 @@ def one_length(url: str, n: int, block: int, salt: int) -> dict:
             "next_cached": cached(complete(url, nxt, 8)), "again_cached": cached(complete(url, ids, 1))}
 
 
+@contextmanager
+def plain_engine(family: str, name: str, logs: Path, extra: list[str]) -> Iterator[str]:
+    """One engine of the tiny `family` without a connector, as the CPU bed's tests start it (`extra`: launcher flags,
+    then optionally "--" and vLLM flags): its URL while the block runs."""
+    model = str(build_tiny_model(TinyModelSpec(family=family)))
+    if FAMILY_VLLM_ARGS.get(family):
+        extra = extra + ([] if "--" in extra else ["--"]) + list(FAMILY_VLLM_ARGS[family])
+    port = free_port()
+    command = worker_argv("decode", connector="none", port=port, cpu_bind="1", model=model, extra=extra)
+    engine = Launched(name, command, f"http://127.0.0.1:{port}", logs)
+    try:
+        engine.wait_healthy(300)
+        yield engine.url
+    finally:
+        engine.stop()
+
+
+def emit(rows: list[dict], out: Path | None) -> None:
+    """Print each row as a JSON line, and append it to `out`."""
+    for row in rows:
+        line = json.dumps(row)
+        print(line, flush=True)
+        if out:
+            with out.open("a") as f:
+                f.write(line + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", default="qwen3_next")
@@ -45,24 +74,9 @@ def main() -> None:
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = ap.parse_args(argv[:cut]), argv[cut + 1 :]  # launcher flags, then optionally "--" and vLLM flags
-    model = str(build_tiny_model(TinyModelSpec(family=args.family)))
-    if FAMILY_VLLM_ARGS.get(args.family):
-        extra += ([] if "--" in extra else ["--"]) + list(FAMILY_VLLM_ARGS[args.family])
-    port = free_port()
-    command = worker_argv("decode", connector="none", port=port, cpu_bind="1", model=model, extra=extra)
-    engine = Launched(f"local-hits-{args.family}", command, f"http://127.0.0.1:{port}", args.logs)
-    try:
-        engine.wait_healthy(300)
-        rows = [one_length(engine.url, int(n), args.block, salt)
-                for salt, n in enumerate(args.lengths.split(","), start=1)]
-    finally:
-        engine.stop()
-    for row in rows:
-        line = json.dumps({"family": args.family, "flags": " ".join(argv[cut + 1 :]), **row})
-        print(line, flush=True)
-        if args.out:
-            with args.out.open("a") as f:
-                f.write(line + "\n")
+    with plain_engine(args.family, f"local-hits-{args.family}", args.logs, extra) as url:
+        rows = [one_length(url, int(n), args.block, salt) for salt, n in enumerate(args.lengths.split(","), start=1)]
+    emit([{"family": args.family, "flags": " ".join(extra), **row} for row in rows], args.out)
 
 
 if __name__ == "__main__":

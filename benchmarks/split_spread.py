@@ -15,14 +15,11 @@ teacher-forced log-probabilities of the same tokens at the same dtype (is the cu
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from benchmarks.procs import Launched, free_port
-from hybrid_pd.prefill.dev.tiny_families import FAMILY_VLLM_ARGS
+from benchmarks.local_hits import emit, plain_engine
 from hybrid_pd.prefill.dev.tiny_model import TinyModelSpec, build_tiny_model
 from tests.support.conversation import ANSWER_TOKENS, complete, decided_tokens, logprob_delta, text_of, tokenize
-from tests.support.procs import worker_argv
 
 
 def spreads(url: str, block: int, salt: int) -> dict:
@@ -71,26 +68,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="append one JSON row per prompt")
     ap.add_argument("--logs", type=Path, default=Path("/tmp"))
     args = ap.parse_args()
-    model = str(build_tiny_model(TinyModelSpec(family=args.family)))
-    port = free_port()
-    extra = ["--", "--dtype", args.dtype, *FAMILY_VLLM_ARGS.get(args.family, ())]
-    argv = worker_argv("decode", connector="none", port=port, cpu_bind="1", model=model, extra=extra)
-    engine = Launched(f"split-spread-{args.family}-{args.dtype}", argv, f"http://127.0.0.1:{port}", args.logs)
-    try:
-        engine.wait_healthy(300)
-        rows = [spreads(engine.url, args.block, salt) for salt in range(1, args.prompts + 1)]
-    finally:
-        engine.stop()
+    name = f"split-spread-{args.family}-{args.dtype}"
+    with plain_engine(args.family, name, args.logs, ["--", "--dtype", args.dtype]) as url:
+        rows = [spreads(url, args.block, salt) for salt in range(1, args.prompts + 1)]
     if args.transformers:
-        against_transformers(model, args.dtype, rows)
+        against_transformers(str(build_tiny_model(TinyModelSpec(family=args.family))), args.dtype, rows)
     for row in rows:
         for part in ("next", "prompt"):
             del row[part]["prompt_ids"], row[part]["answers"]
-        line = json.dumps({"family": args.family, "dtype": args.dtype, **row})
-        print(line, flush=True)
-        if args.out:
-            with args.out.open("a") as f:
-                f.write(line + "\n")
+    emit([{"family": args.family, "dtype": args.dtype, **row} for row in rows], args.out)
 
 
 if __name__ == "__main__":
