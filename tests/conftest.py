@@ -18,6 +18,7 @@ SHARING_ORDER = (
     "tests/e2e/test_upstream_pd.py",
     "tests/proxy/test_bad_input_engine.py",
     "tests/proxy/test_real_engine.py",
+    "tests/connector/test_local_hits.py",
     "tests/connector/test_digest_engines.py",
     "tests/connector/test_engines.py",
     "tests/connector/test_prefiller_hits.py",

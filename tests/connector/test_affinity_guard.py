@@ -72,8 +72,7 @@ def test_a_bad_value_is_reported_not_raised():
 
 
 def test_the_scheduler_block_patch_only_where_asked():
-    """(What it does to an engine's hits: tests/connector/test_engines.py,
-    test_the_next_turn_hits_the_last_boundary_of_a_prompt_the_engine_computed_itself.)"""
+    """(What it does to an engine's hits and answers: tests/connector/test_local_hits.py.)"""
     patched, plain = child(SCHEDULER, HYBRID_PD_SYNC_SCHEDULER_BLOCK="1"), child(SCHEDULER)
     assert patched.returncode == 0 and plain.returncode == 0, patched.stderr + plain.stderr
     assert patched.stdout.split() == ["True"] and plain.stdout.split() == ["False"]

