@@ -6,8 +6,10 @@
 # carried on 2026-12-06 with an 18.8 MB tree, ~3.2 s of held time a call; refused at 20.3 MB: keep the default
 # once the tree grows), one per call, kept on its disk until the last arrives;
 # every step below is idempotent, so calls can be chained back to back. Send the first chunk's call ALONE and the
-# rest in one batch within the 30 s the machine stays warm: a batch sent to a machine that did not start is refused
-# call by call at 15 s of device time each (2026-12-06: 51 refusals, ~800 s of a session's 1,800, gone).
+# rest in batches within the 30 s the machine stays warm: a batch sent to a machine that did not start is refused
+# call by call at 15 s of device time each (2026-12-06: 51 refusals, ~800 s of a session's 1,800, gone). Writing 51
+# calls out takes longer than 30 s (2026-12-08: the machine went back before the batch, 51 refusals again): send
+# batches of at most 10 calls, the next as soon as one returns.
 #
 #   (here)   bash deploy/gpu/bench_gpu.sh chunks WHEELHOUSE CHUNK_DIR    # tar stream split into CHUNK_DIR/cNN/
 #   (device) bash deploy/gpu/bench_gpu.sh stash CHUNK_DIR                # keep a chunk under /root/wh
