@@ -11,12 +11,17 @@ loop where the next turn diverges before the last boundary). `--chat`: the same 
 as the last user message), which the proxy tokenizes itself and where it knows where the last message starts
 (--junction-checkpoints). `--concurrency` sessions at once. A policy may carry more proxy flags after a colon
 (`ours:--no-junction-checkpoints`): each is a variant of its own in the tables.
-Per policy: TTFT p50/p90, the share of turns D served alone, P calls, bytes D pulled, hybrid misroutes and the
-tokens they recomputed, index mispredictions (proxy metrics), and the placement model's learned rates.
+Per policy: TTFT p50/p90, ITL p50/p90 (every gap between streamed pieces, pooled), output tok/s (answers' tokens over
+the sessions' wall seconds), goodput (turns per second within the SLO: TTFT <= --slo-ttft-ms and the turn's ITL p90
+<= --slo-itl-ms, benchmarks/gpu/judged.py's definition), the share of turns D served alone, P calls, bytes D pulled,
+hybrid misroutes and the tokens they recomputed, index mispredictions (proxy metrics), and the placement model's
+learned rates. `--answer-tokens` (default 8): each answer's length; longer answers keep D's streams running while
+other sessions' turns arrive, where a prefill on D stalls them (what ours prices and the peers do not).
 
     bash deploy/dev.sh run python -m benchmarks.pd_policy_bench [--sessions 3] [--turns 6] [--rounds 2]
         [--concurrency 1] [--suffix-words 0] [--chat] [--policies ours,always-remote,isl-bounding,non-cached-tokens]
-        [--itl-slo-ms 0] [--worker-args "-- --block-size 256"] [--out FILE.json]
+        [--itl-slo-ms 0] [--worker-args "-- --block-size 256"] [--answer-tokens 8] [--slo-ttft-ms 400]
+        [--slo-itl-ms 100] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.client import metric_sum, placement_rates, scrape_metrics
+from benchmarks.gpu.judged import good, pct
 from benchmarks.procs import HYBRID_PD, Launched, free_port
 from benchmarks.setups import events_url, start_pd_pair
 from hybrid_pd.prefill.dev.demo_workload import stream, transfer_counters
@@ -42,35 +47,44 @@ ANSWER = 8
 FIRST_WORDS, SHORT_TOOL, LONG_TOOL = 500, 15, 200
 
 
-def stream_turn(url: str, prompt: list[int]) -> tuple[float, list[int], dict]:
-    """(TTFT s, the answer's token ids, usage with the answer's text) of one streamed completion."""
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": ANSWER, "temperature": 0.0, "ignore_eos": True,
+def stream_turn(url: str, prompt: list[int], answer: int = ANSWER) -> tuple[float, list[int], dict]:
+    """(TTFT s, the answer's token ids, usage with the answer's text and its gaps) of one streamed completion."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": answer, "temperature": 0.0, "ignore_eos": True,
             "return_token_ids": True}
     ids: list[int] = []
-    text, usage, ttft, _ = stream(url, "/v1/completions", body, token_ids=ids)
-    return ttft, ids, usage | {"text": text}
+    text, usage, ttft, arrivals = stream(url, "/v1/completions", body, token_ids=ids)
+    return ttft, ids, usage | {"text": text, "gaps_ms": gaps_ms(arrivals)}
 
 
-def chat_session(proxy: str, salt: int, turns: int, suffix_words: int) -> list[dict]:
+def gaps_ms(arrivals: list[float]) -> list[float]:
+    """The gaps between a stream's pieces (ms): its ITLs."""
+    return [round((b - a) * 1e3, 3) for a, b in zip(arrivals, arrivals[1:])]
+
+
+def turn_row(k: int, prompt_tokens: int, ttft: float, usage: dict, gaps: list[float]) -> dict:
+    hp = usage.get("hybrid_pd") or {}
+    return {"turn": k, "prompt_tokens": prompt_tokens, "ttft_s": ttft, "computed_on": hp.get("computed_on"),
+            "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0), "gaps_ms": gaps,
+            "output_tokens": usage.get("completion_tokens", 0)}
+
+
+def chat_session(proxy: str, salt: int, turns: int, suffix_words: int, answer: int = ANSWER) -> list[dict]:
     """`session` as chat: the history a list of messages, the instruction the last user message of every turn."""
     history = [{"role": "system", "content": text_of(FIRST_WORDS, salt)}]
     instruction = [{"role": "user", "content": text_of(suffix_words, 99)}] if suffix_words else []
     out = []
     for k in range(turns):
-        body = {"model": "tiny", "messages": history + instruction, "max_tokens": ANSWER, "temperature": 0.0,
+        body = {"model": "tiny", "messages": history + instruction, "max_tokens": answer, "temperature": 0.0,
                 "ignore_eos": True}
-        text, usage, ttft, _ = stream(proxy, "/v1/chat/completions", body)
-        hp = usage.get("hybrid_pd") or {}
-        out.append({"turn": k, "prompt_tokens": usage.get("prompt_tokens", 0), "ttft_s": ttft,
-                    "computed_on": hp.get("computed_on"),
-                    "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)})
+        text, usage, ttft, arrivals = stream(proxy, "/v1/chat/completions", body)
+        out.append(turn_row(k, usage.get("prompt_tokens", 0), ttft, usage, gaps_ms(arrivals)))
         words = SHORT_TOOL if k % 2 == 0 else LONG_TOOL
         history = history + [{"role": "assistant", "content": text},
                              {"role": "user", "content": text_of(words, salt * 100 + k)}]
     return out
 
 
-def session(proxy: str, decode: str, salt: int, turns: int, suffix_words: int) -> list[dict]:
+def session(proxy: str, decode: str, salt: int, turns: int, suffix_words: int, answer: int = ANSWER) -> list[dict]:
     """An agent's turns: its history (+ a fixed instruction suffix, re-sent at the end of every turn and not
     kept: the next turn diverges where it began), then D's answer and a tool result join the history."""
     history = tokenize(decode, text_of(FIRST_WORDS, salt))
@@ -78,14 +92,12 @@ def session(proxy: str, decode: str, salt: int, turns: int, suffix_words: int) -
     out = []
     for k in range(turns):
         prompt = history + suffix
-        ttft, answer, usage = stream_turn(proxy, prompt)
-        if not answer:  # no token ids in the stream: its text, re-tokenized
-            answer = tokenize(decode, usage["text"])
-        hp = usage.get("hybrid_pd") or {}
-        out.append({"turn": k, "prompt_tokens": len(prompt), "ttft_s": ttft, "computed_on": hp.get("computed_on"),
-                    "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)})
+        ttft, ids, usage = stream_turn(proxy, prompt, answer)
+        if not ids:  # no token ids in the stream: its text, re-tokenized
+            ids = tokenize(decode, usage["text"])
+        out.append(turn_row(k, len(prompt), ttft, usage, usage["gaps_ms"]))
         words = SHORT_TOOL if k % 2 == 0 else LONG_TOOL
-        history = history + answer + tokenize(decode, " " + text_of(words, salt * 100 + k))
+        history = history + ids + tokenize(decode, " " + text_of(words, salt * 100 + k))
     return out
 
 
@@ -100,6 +112,28 @@ def proxy_figures(url: str) -> dict[str, float]:
             "junction_stops": metric_sum(m, p + "junction_stops_total")}
 
 
+def table(results: dict[str, dict], slo_ttft_ms: float, slo_itl_ms: float) -> str:
+    """The policies' figures as a markdown table."""
+    lines = ["| policy | turns | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | output tok/s | "
+             "goodput turns/s | D alone | P calls | MB pulled | hybrid misroutes (tokens recomputed) | "
+             "index mispredictions (tokens) | junction stops |", "|---" * 14 + "|"]
+    for policy, r in results.items():
+        turns = r["turns"]
+        ttfts = [t["ttft_s"] * 1e3 for t in turns]
+        gaps = [g for t in turns for g in t.get("gaps_ms", [])]
+        wall = r.get("wall_s") or float("nan")
+        tok_s = sum(t.get("output_tokens", 0) for t in turns) / wall
+        goodput = sum(good(t, slo_ttft_ms, slo_itl_ms) for t in turns) / wall
+        alone = sum(1 for t in turns if t["computed_on"] == "decode")
+        itl = f"{pct(gaps, 0.5):.1f} | {pct(gaps, 0.9):.1f}" if gaps else "- | -"
+        lines.append(
+            f"| {policy} | {len(turns)} | {pct(ttfts, 0.5):.1f} | {pct(ttfts, 0.9):.1f} | {itl} | {tok_s:.1f} | "
+            f"{goodput:.2f} | {alone}/{len(turns)} | {int(r['p_calls'])} | {r['bytes'] / 1e6:.1f} | "
+            f"{int(r['misroutes'])} ({int(r['misroute_tokens'])}) | {int(r['mispredictions'])} "
+            f"({int(r['mispredicted_tokens'])}) | {int(r['junction_stops'])} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=3)
@@ -111,6 +145,9 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--itl-slo-ms", default="0")
     ap.add_argument("--out", default="")
+    ap.add_argument("--answer-tokens", type=int, default=ANSWER, help="each answer's length (tokens)")
+    ap.add_argument("--slo-ttft-ms", type=float, default=400.0, help="goodput's TTFT bound")
+    ap.add_argument("--slo-itl-ms", type=float, default=100.0, help="goodput's bound on a turn's ITL p90")
     ap.add_argument("--worker-args", default="", help="launcher flags for both workers, then optionally -- and "
                     "vLLM flags (e.g. '-- --block-size 256')")
     args = ap.parse_args()
@@ -120,7 +157,7 @@ def main() -> None:
     procs: list[Launched] = []
     results: dict[str, dict] = {p: {"turns": [], "p_calls": 0.0, "bytes": 0.0, "misroutes": 0.0,
                                     "misroute_tokens": 0.0, "mispredictions": 0.0, "mispredicted_tokens": 0.0,
-                                    "junction_stops": 0.0, "rates": {}} for p in policies}
+                                    "junction_stops": 0.0, "rates": {}, "wall_s": 0.0} for p in policies}
     try:
         workers = start_pd_pair(model, logs, procs, 600, tuple(shlex.split(args.worker_args)))
         salt = 0
@@ -144,15 +181,18 @@ def main() -> None:
                 before, moved = proxy_figures(proxy.url), transfer_counters(workers["d"].url)["bytes"]
                 seeds = [7_000_000 + 1000 * (salt + i) for i in range(1, args.sessions + 1)]
                 salt += args.sessions
+                started = time.monotonic()
                 with ThreadPoolExecutor(args.concurrency) as pool:
                     if args.chat:
-                        chats = [(proxy.url, seed, args.turns, args.suffix_words) for seed in seeds]
+                        chats = [(proxy.url, seed, args.turns, args.suffix_words, args.answer_tokens) for seed in seeds]
                         runs = pool.map(lambda job: chat_session(*job), chats)
                     else:
-                        jobs = [(proxy.url, workers["d"].url, seed, args.turns, args.suffix_words) for seed in seeds]
+                        jobs = [(proxy.url, workers["d"].url, seed, args.turns, args.suffix_words, args.answer_tokens)
+                                for seed in seeds]
                         runs = pool.map(lambda job: session(*job), jobs)
                     for turns in runs:
                         results[policy]["turns"] += turns
+                results[policy]["wall_s"] += time.monotonic() - started
                 after = proxy_figures(proxy.url)
                 for key in before:
                     results[policy][key] += after[key] - before[key]
@@ -163,17 +203,9 @@ def main() -> None:
         print(f"\nsessions {args.sessions} x turns {args.turns} x rounds {args.rounds}, concurrency "
               f"{args.concurrency}, suffix {args.suffix_words} words, --itl-slo-ms {args.itl_slo_ms}"
               f"{', chat' if args.chat else ''}{f', workers {args.worker_args}' if args.worker_args else ''}")
-        print("| policy | turns | TTFT p50 ms | TTFT p90 ms | D alone | P calls | MB pulled | hybrid misroutes "
-              "(tokens recomputed) | index mispredictions (tokens) | junction stops |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        for policy, r in results.items():
-            ttfts = sorted(t["ttft_s"] for t in r["turns"])
-            q = statistics.quantiles(ttfts, n=10) if len(ttfts) > 1 else ttfts * 9
-            alone = sum(1 for t in r["turns"] if t["computed_on"] == "decode")
-            print(f"| {policy} | {len(ttfts)} | {statistics.median(ttfts) * 1e3:.1f} | {q[8] * 1e3:.1f} | "
-                  f"{alone}/{len(ttfts)} | {int(r['p_calls'])} | {r['bytes'] / 1e6:.1f} | {int(r['misroutes'])} "
-                  f"({int(r['misroute_tokens'])}) | {int(r['mispredictions'])} ({int(r['mispredicted_tokens'])}) | "
-                  f"{int(r['junction_stops'])} |")
+        print(f"SLO: TTFT <= {args.slo_ttft_ms:.0f} ms, a turn's ITL p90 <= {args.slo_itl_ms:.0f} ms; answers of "
+              f"{args.answer_tokens} tokens")
+        print(table(results, args.slo_ttft_ms, args.slo_itl_ms))
         if "ours" in results:
             print("ours, rates learned (last round):", json.dumps(results["ours"]["rates"]))
         if args.out:
