@@ -279,9 +279,11 @@ class PDFlow:
         # placement reads as D's queue: turns placed milliseconds apart see each other)
         local = turn.transfer_params is None and turn.early is None and turn.context.token_ids is not None
         busy = self.pool.busy(decoder, turn.context.uncached_on(self.state.deps, decoder.url) if local else 0)
+        turn.decode_alone = local and decoder.streams == 0
 
         def first_byte_out() -> None:
             turn.first_byte = time.perf_counter()
+            turn.decode_alone = turn.decode_alone and decoder.streams <= 1
             self.record.ttft(endpoint, turn.first_byte - turn.started)
             busy.prefilled()
 

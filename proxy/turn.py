@@ -37,6 +37,7 @@ class Turn:
     prefiller: Worker | None = None  # the prefiller that answered
     prefill_ms: float | None = None  # its call, as this proxy saw it
     prefill_alone: bool = False  # nothing else of this proxy's was on it meanwhile (its call times a prefill)
+    decode_alone: bool = False  # D served it alone with nothing else on D until its first token (its TTFT times one)
     reported_hit: int | None = None  # D's own cached_tokens on a turn it served alone (its answer's usage)
     first_byte: float | None = None  # time.perf_counter() of the first streamed byte
     prefill_answered: float | None = None  # time.perf_counter() when P's answer (or failure) reached the proxy

@@ -177,6 +177,14 @@ class DisaggConfig:
         "the prefiller (as many as it finds there), as the decoder alone carries its stall of the decoder's streams",
         parse=boolean,
     )
+    learn_local_alone: bool = setting(
+        False,
+        "learn_local_alone",
+        "policy ours: a turn the decoder served alone teaches the prefill rates only where nothing else was on the "
+        "decoder until its first token, as a prefiller's call does (its TTFT then times a prefill, not a prefill "
+        "queued behind other streams' steps); off: every such turn does",
+        parse=boolean,
+    )
     align_split: bool = setting(
         False,
         "align_split",

@@ -199,7 +199,12 @@ class Decider:
                 read = pulled_mb(r, end, d_hit, stop, block) * r.read_ms_per_mb
                 tail_ms = decoder_tail_ms(r, n, n - end)
                 rates.observe_hop(ttft - turn.prefill_ms - read - r.step(turn.streams + 1) - tail_ms)
-        elif turn.mode == LOCAL_PREFILL and ttft is not None and turn.placement is not None:
+        elif (
+            turn.mode == LOCAL_PREFILL
+            and ttft is not None
+            and turn.placement is not None
+            and (turn.decode_alone or not self.config.learn_local_alone)
+        ):
             hit = turn.reported_hit if turn.reported_hit is not None else n - turn.placement.options[0].decoder_tokens
             hit = min(max(hit, 0), n - 1)
             steps = r.steps(n, hit, block)

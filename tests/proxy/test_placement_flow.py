@@ -113,6 +113,30 @@ def test_the_rates_learn_from_streamed_turns():
     run(body())
 
 
+def test_a_decoder_alone_turn_teaches_the_prefill_only_where_it_ran_alone():
+    """--learn-local-alone: a turn D served alone while another request was on D (its TTFT queued behind that one's
+    steps) teaches the decode step, not the prefill rates; one alone on D teaches both. Off, both teach the prefill
+    (test_the_rates_learn_from_streamed_turns)."""
+    async def body(learn_local_alone: bool) -> int:
+        async with kv_cluster(learn_local_alone=learn_local_alone) as (proxy, p, d1, d2, pubs):
+            await warm(proxy, pubs[2], d2.url, [stored(HASHES, 0, "full_attention"), stored([HASHES[2]], 1, "mamba")])
+            decoder = next(w for w in proxy.state.pool.all("decode") if w.url == d2.url)
+            async with aiohttp.ClientSession() as s:
+                for others in (0, 1, 0):
+                    decoder.in_flight += others  # another request of this proxy on D meanwhile
+                    r = await s.post(proxy.url + "/v1/completions", json={
+                        "prompt": PROMPT, "stream": True, "stream_options": {"include_usage": True}})
+                    assert r.status == 200
+                    await r.read()
+                    decoder.in_flight -= others
+            assert p.generate_calls == [] and len(d2.generate_calls) == 3
+            assert proxy.state.rates.observations["step"] == 3
+            return proxy.state.rates.observations["prefill"]
+
+    assert run(body(True)) == 2
+    assert run(body(False)) == 3
+
+
 def test_a_turn_right_after_another_does_not_see_it_running():
     """Worker.streams (what placement reads): the engine's figures, plus this proxy's requests sent since they
     were read, less those that ended since (Worker.load, for routing, keeps counting them until the next read)."""
