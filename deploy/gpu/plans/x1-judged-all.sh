@@ -6,8 +6,8 @@
 # agentic 8k at c = CONC (default 1,8,32) and the agentic 8k trace closed loop at the same concurrencies and open
 # loop at RATES requests/s (default 4,8; empty: none). Results under ja, "ja-all" at the end. ~900 s of device time
 # after the wheelhouse is in (the first engine compiles: ~190 s, 318 s on a fresh machine on 2026-12-07; RATES and
-# the trace ~180 s of it). Where device time is short: PEERS (';'-separated proxy variants) and COLOCATED=0 leave
-# set-ups out (ours against upstream alone where ours lost or had not run beside it: PEERS= COLOCATED=0 RATES=
+# the trace ~180 s of it; the --learn-local-alone variant since 2026-12-08 ~+100 s, not timed yet). Where device
+# time is short: PEERS (';'-separated proxy variants) and COLOCATED=0 leave set-ups out (ours against upstream alone where ours lost or had not run beside it: PEERS= COLOCATED=0 RATES=
 # CONC=8,32, ~420 s). FAMILY_GROUPS (e.g. zamba2,
 # whose tiny model's recipe changed on 2026-12-07): families-033.sh's family checks of those groups after ("f-all").
 # Its results folder's extra_ratios.json (benchmarks/gpu/merge.py) can carry what this run does not measure, each with
@@ -20,7 +20,9 @@ shape nemotronh
 more=(--concurrency "${CONC:-1,8,32}")
 [ -n "${RATES-4,8}" ] && more+=(--workloads agentic,trace --rate "${RATES-4,8}")
 run nemotronh upstream ja "${more[@]}"
-peers=${PEERS---pd-policy isl-bounding;--pd-policy non-cached-tokens;--pd-policy always-remote}
+# --learn-local-alone: ours learning its local prefill rates from turns alone on D (off by default; on the CPU bed at
+# c=3 1.11-1.35x the throughput of ours' defaults: benchmarks/results/2026-12-08-cpu-pd-policies-itl)
+peers=${PEERS---pd-policy isl-bounding;--pd-policy non-cached-tokens;--pd-policy always-remote;--learn-local-alone}
 run nemotronh hybrid-pd-1p1d ja --proxy-variants="$peers" "${more[@]}"
 [ "${COLOCATED:-1}" = 1 ] && run nemotronh colocated ja "${more[@]}"
 echo ja-all >> "$R/done.txt"
