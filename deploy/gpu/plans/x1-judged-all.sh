@@ -7,7 +7,8 @@
 # loop at RATES requests/s (default 4,8; empty: none). Results under ja, "ja-all" at the end. ~900 s of device time
 # after the wheelhouse is in (the first engine compiles: ~190 s, 318 s on a fresh machine on 2026-12-07; RATES and
 # the trace ~180 s of it; the --learn-local-alone variant since 2026-12-08 ~+100 s, not timed yet). Where device
-# time is short: PEERS (';'-separated proxy variants) and COLOCATED=0 leave set-ups out (ours against upstream alone where ours lost or had not run beside it: PEERS= COLOCATED=0 RATES=
+# time is short: PEERS (';'-separated proxy variants) and COLOCATED=0 leave set-ups out (ours against upstream
+# alone where ours lost or had not run beside it: PEERS= COLOCATED=0 RATES=
 # CONC=8,32, ~420 s). FAMILY_GROUPS (e.g. zamba2,
 # whose tiny model's recipe changed on 2026-12-07): families-033.sh's family checks of those groups after ("f-all").
 # Its results folder's extra_ratios.json (benchmarks/gpu/merge.py) can carry what this run does not measure, each with
