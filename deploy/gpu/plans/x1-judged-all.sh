@@ -22,7 +22,7 @@ more=(--concurrency "${CONC:-1,8,32}")
 [ -n "${RATES-4,8}" ] && more+=(--workloads agentic,trace --rate "${RATES-4,8}")
 run nemotronh upstream ja "${more[@]}"
 # --learn-local-alone: ours learning its local prefill rates from turns alone on D (off by default; on the CPU bed at
-# c=3 1.11-1.35x the throughput of ours' defaults: benchmarks/results/2026-12-08-cpu-pd-policies-itl)
+# c=3 0.81-1.35x the throughput of ours' defaults, within its noise: benchmarks/results/2026-12-08-cpu-pd-policies-itl)
 peers=${PEERS---pd-policy isl-bounding;--pd-policy non-cached-tokens;--pd-policy always-remote;--learn-local-alone}
 run nemotronh hybrid-pd-1p1d ja --proxy-variants="$peers" "${more[@]}"
 [ "${COLOCATED:-1}" = 1 ] && run nemotronh colocated ja "${more[@]}"
