@@ -6,7 +6,7 @@
 # agentic 8k at c = CONC (default 1,8,32) and the agentic 8k trace closed loop at the same concurrencies and open
 # loop at RATES requests/s (default 4,8; empty: none). Results under ja, "ja-all" at the end. ~900 s of device time
 # after the wheelhouse is in (the first engine compiles: ~190 s, 318 s on a fresh machine on 2026-12-07; RATES and
-# the trace ~180 s of it; the --learn-local-alone variant since 2026-12-08 ~+100 s, not timed yet). Where device
+# the trace ~180 s of it). Where device
 # time is short: PEERS (';'-separated proxy variants) and COLOCATED=0 leave set-ups out (ours against upstream
 # alone where ours lost or had not run beside it: PEERS= COLOCATED=0 RATES=
 # CONC=8,32, ~420 s). FAMILY_GROUPS (e.g. zamba2,
@@ -21,9 +21,9 @@ shape nemotronh
 more=(--concurrency "${CONC:-1,8,32}")
 [ -n "${RATES-4,8}" ] && more+=(--workloads agentic,trace --rate "${RATES-4,8}")
 run nemotronh upstream ja "${more[@]}"
-# --learn-local-alone: ours learning its local prefill rates from turns alone on D (off by default; on the CPU bed at
-# c=3 0.81-1.35x the throughput of ours' defaults, within its noise: benchmarks/results/2026-12-08-cpu-pd-policies-itl)
-peers=${PEERS---pd-policy isl-bounding;--pd-policy non-cached-tokens;--pd-policy always-remote;--learn-local-alone}
+# (--learn-local-alone, ours' local prefill rates learned from turns alone on D, is left out: 1.01x ours' defaults
+# on the CPU bed at c=3, benchmarks/results/2026-12-08-cpu-pd-policies-itl; add it to PEERS to try it on the GPU)
+peers=${PEERS---pd-policy isl-bounding;--pd-policy non-cached-tokens;--pd-policy always-remote}
 run nemotronh hybrid-pd-1p1d ja --proxy-variants="$peers" "${more[@]}"
 [ "${COLOCATED:-1}" = 1 ] && run nemotronh colocated ja "${more[@]}"
 echo ja-all >> "$R/done.txt"
