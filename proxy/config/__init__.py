@@ -20,9 +20,9 @@ from hybrid_pd.connector.contract import DEFAULT_NONE_HASH_SEED
 from ..errors import ConfigError
 from .composite import COMPOSITES
 from .declare import complaints, flat_fields, one_of, setting
+from .disagg import DisaggConfig
 from .sections import (
     AdmissionConfig,
-    DisaggConfig,
     DrainConfig,
     HashAlgo,
     HealthConfig,

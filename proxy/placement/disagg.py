@@ -17,7 +17,7 @@ A decision is a label: 'remote...' prefills on P, 'local_...' on D (decider.py; 
 
 from __future__ import annotations
 
-from ..config.sections import DisaggConfig
+from ..config.disagg import DisaggConfig
 from .cost_model import Placement
 from .peer_policies import isl_bounding_local, non_cached_tokens_local
 
